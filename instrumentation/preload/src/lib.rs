@@ -1,0 +1,285 @@
+//! `libheapdump.so`: load it with `LD_PRELOAD` (or `heapdump run`) to record every live
+//! allocation of a dynamically linked program.
+//!
+//! Exports `malloc free calloc realloc reallocarray posix_memalign aligned_alloc memalign valloc
+//! pvalloc malloc_usable_size`, forwarding to glibc's allocator through its `__libc_*` entry
+//! points (no `dlsym` during start-up), and `dlopen`/`dlclose`, forwarding to the next definition
+//! and then refreshing the module table. C++ `new`/`delete` reach these through libstdc++.
+//! A constructor starts recording as soon as the library is loaded.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use heapdump_instrumentation::frame_pointer;
+use heapdump_instrumentation::hooks::{record_alloc, record_free};
+use libc::{c_char, c_int, c_void, size_t};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+extern "C" {
+    fn __libc_malloc(size: size_t) -> *mut c_void;
+    fn __libc_free(ptr: *mut c_void);
+    fn __libc_calloc(n: size_t, size: size_t) -> *mut c_void;
+    fn __libc_realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
+    fn __libc_memalign(align: size_t, size: size_t) -> *mut c_void;
+    fn __libc_valloc(size: size_t) -> *mut c_void;
+    fn __libc_pvalloc(size: size_t) -> *mut c_void;
+}
+
+/// `malloc(3)`.
+///
+/// # Safety
+/// As `malloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: forwarding to glibc with the caller's arguments.
+    let p = unsafe { __libc_malloc(size) };
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+/// `free(3)`.
+///
+/// # Safety
+/// As `free(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    record_free(ptr as *mut u8);
+    // SAFETY: forwarding to glibc with the caller's argument.
+    unsafe { __libc_free(ptr) }
+}
+
+/// `calloc(3)`.
+///
+/// # Safety
+/// As `calloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: forwarding to glibc (which checks n * size for overflow).
+    let p = unsafe { __libc_calloc(n, size) };
+    record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    p
+}
+
+/// `realloc(3)`: the old block's record is closed before glibc may hand its address to another
+/// thread, and the new block recorded after.
+///
+/// # Safety
+/// As `realloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: the caller's contract for realloc.
+    unsafe { realloc_impl(ptr, size, fp) }
+}
+
+/// # Safety
+/// As `realloc(3)`; `fp` is the exported function's frame pointer.
+#[inline(always)]
+unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+    let old = record_free(ptr as *mut u8);
+    // SAFETY: forwarding to glibc with the caller's arguments.
+    let q = unsafe { __libc_realloc(ptr, size) };
+    if !q.is_null() {
+        record_alloc(q as *mut u8, size, fp);
+    } else if let (Some(old_size), false) = (old, size == 0) {
+        // Failure leaves the old block valid: record it again.
+        record_alloc(ptr as *mut u8, old_size as usize, fp);
+    }
+    q
+}
+
+/// `reallocarray(3)`.
+///
+/// # Safety
+/// As `reallocarray(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the caller's contract for reallocarray, with the product checked.
+    unsafe { realloc_impl(ptr, total, fp) }
+}
+
+/// `memalign(3)`.
+///
+/// # Safety
+/// As `memalign(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: forwarding to glibc with the caller's arguments.
+    let p = unsafe { __libc_memalign(align, size) };
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+/// `aligned_alloc(3)`: glibc has no `__libc_aligned_alloc`; built on `__libc_memalign`.
+///
+/// # Safety
+/// As `aligned_alloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: forwarding to glibc with a power-of-two alignment.
+    let p = unsafe { __libc_memalign(align, size) };
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+/// `posix_memalign(3)`: built on `__libc_memalign`, with its argument checks.
+///
+/// # Safety
+/// As `posix_memalign(3)`: `memptr` must be writable.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn posix_memalign(
+    memptr: *mut *mut c_void,
+    align: size_t,
+    size: size_t,
+) -> c_int {
+    let fp = frame_pointer!();
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: forwarding to glibc with a valid alignment; errno is preserved below.
+    let saved = errno();
+    // SAFETY: as above.
+    let p = unsafe { __libc_memalign(align, size) };
+    if p.is_null() {
+        set_errno(saved);
+        return libc::ENOMEM;
+    }
+    record_alloc(p as *mut u8, size, fp);
+    // SAFETY: the caller guarantees memptr is writable.
+    unsafe { *memptr = p };
+    0
+}
+
+/// `valloc(3)`.
+///
+/// # Safety
+/// As `valloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: forwarding to glibc.
+    let p = unsafe { __libc_valloc(size) };
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+/// `pvalloc(3)`.
+///
+/// # Safety
+/// As `pvalloc(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[inline(never)]
+pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
+    let fp = frame_pointer!();
+    // SAFETY: forwarding to glibc.
+    let p = unsafe { __libc_pvalloc(size) };
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+static REAL_USABLE: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+/// The next definition of `name` (NUL-terminated) after this library, cached in `cache`.
+fn next_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: `name` is NUL-terminated; RTLD_NEXT lookups have no other preconditions.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const c_char) } as usize;
+        cache.store(f, Ordering::Release);
+    }
+    f
+}
+
+/// `malloc_usable_size(3)`, forwarded to glibc's.
+///
+/// # Safety
+/// As `malloc_usable_size(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
+    let f = next_symbol(&REAL_USABLE, b"malloc_usable_size\0");
+    if f == 0 || ptr.is_null() {
+        return 0;
+    }
+    // SAFETY: `f` is glibc's malloc_usable_size, of this signature.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(ptr) }
+}
+
+/// `dlopen(3)`, then a refresh of the module table.
+///
+/// # Safety
+/// As `dlopen(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    let f = next_symbol(&REAL_DLOPEN, b"dlopen\0");
+    if f == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `f` is the loader's dlopen, of this signature.
+    let h = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void>(f)(
+            file, mode,
+        )
+    };
+    if !h.is_null() {
+        heapdump_instrumentation::refresh_modules();
+    }
+    h
+}
+
+/// `dlclose(3)`, then a refresh of the module table.
+///
+/// # Safety
+/// As `dlclose(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    let f = next_symbol(&REAL_DLCLOSE, b"dlclose\0");
+    if f == 0 {
+        return -1;
+    }
+    // SAFETY: `f` is the loader's dlclose, of this signature.
+    let r = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle) };
+    heapdump_instrumentation::refresh_modules();
+    r
+}
+
+fn errno() -> c_int {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(v: c_int) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = v };
+}
+
+extern "C" fn constructor() {
+    heapdump_instrumentation::init();
+    heapdump_instrumentation::refresh_modules();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = constructor;

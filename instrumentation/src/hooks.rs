@@ -1,0 +1,117 @@
+//! What happens around each allocator call: capture the stack, intern it, and insert or erase
+//! the block's record under the thread's operation window.
+//!
+//! Timestamps (see ARCHITECTURE.md): an insert reads its time *after* the real allocator
+//! returned the block; an erase reads its time *before* the block goes back to the allocator.
+//! So if a block's address is reused, the old record's `t_free` is below the new one's `t_alloc`.
+
+use crate::state::{self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls};
+use crate::unwind::{hash_frames, walk};
+use std::sync::atomic::Ordering;
+use vmo_layout::clock::now_ns;
+use vmo_layout::v1::MAX_FRAMES;
+use vmo_layout::RegionWriter;
+
+/// Records a new block `ptr` of `size` requested bytes; `fp` is the frame pointer of the
+/// exported allocation function (the walk starts at its caller).
+#[inline]
+pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
+    if ptr.is_null() {
+        return;
+    }
+    enter(|g, t| insert(g, t, ptr as u64, size as u64, fp));
+}
+
+/// Erases the record of `ptr` (ignored when the shim never saw it). Returns the recorded size.
+#[inline]
+pub fn record_free(ptr: *mut u8) -> Option<u64> {
+    if ptr.is_null() {
+        return None;
+    }
+    enter(|g, t| erase(g, t, ptr as u64)).flatten()
+}
+
+fn stack_id(g: &Global, t: &Tls, fp: usize) -> u32 {
+    let mut frames = [0u64; MAX_FRAMES];
+    let n = walk(fp, t.stack_hi(), &mut frames);
+    let frames = &frames[..n];
+    let h = hash_frames(frames);
+    // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard.
+    let cache = unsafe { &mut *t.cache.get() };
+    let e = &mut cache[h as usize % cache.len()];
+    if e.0 == h && h != 0 {
+        return e.1;
+    }
+    match g.stacks.intern(&g.writer, h, frames) {
+        Some(id) => {
+            *e = (h, id);
+            id
+        }
+        None => u32::MAX,
+    }
+}
+
+fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
+    let stack = stack_id(g, t, fp);
+    let w: &RegionWriter = &g.writer;
+    let (slot_idx, slot) = acquire_slot(g, t);
+    RegionWriter::op_begin(slot);
+    let now = now_ns();
+    let mut freed_stale = None;
+    match take_node(g, t, now) {
+        Some(n) => {
+            w.publish_node(n, addr, size, stack, t.tid(), now);
+            let recorded = state::INDEX.insert(addr, n);
+            if recorded.is_ok() {
+                add(&slot.allocs, 1);
+                add(&slot.alloc_bytes, size);
+            }
+            match recorded {
+                Ok(None) => {}
+                Ok(Some(old)) => {
+                    // The block at this address was freed behind our back: close its record.
+                    let old_size = w.erase_node(old, now);
+                    add(&slot.frees, 1);
+                    add(&slot.free_bytes, old_size);
+                    freed_stale = Some(old);
+                }
+                Err(()) => {
+                    w.erase_node(n, now);
+                    add(&slot.dropped, 1);
+                    freed_stale = Some(n);
+                }
+            }
+        }
+        None => add(&slot.dropped, 1),
+    }
+    RegionWriter::op_end(slot);
+    release_slot(slot_idx);
+    if let Some(n) = freed_stale {
+        recycle_node(g, t, n);
+    }
+    if stack != u32::MAX {
+        w.count_alloc(stack, slot_idx as usize, size);
+    }
+    tick(g, t, slot_idx);
+}
+
+fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
+    let n = state::INDEX.remove(addr)?;
+    let (slot_idx, slot) = acquire_slot(g, t);
+    RegionWriter::op_begin(slot);
+    let now = now_ns();
+    let size = g.writer.erase_node(n, now);
+    add(&slot.frees, 1);
+    add(&slot.free_bytes, size);
+    RegionWriter::op_end(slot);
+    release_slot(slot_idx);
+    recycle_node(g, t, n);
+    tick(g, t, slot_idx);
+    Some(size)
+}
+
+/// Owner-only counter update: a load and a store, no locked instruction.
+#[inline]
+fn add(c: &std::sync::atomic::AtomicU64, v: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+}

@@ -1,0 +1,259 @@
+//! The address index: block address → node of the allocations table, private to the process.
+//!
+//! Only writers need to find a block's node (to erase it), so the index lives in private
+//! memory, not in the region. It is split into [`SHARDS`] independent open-addressing tables,
+//! each behind its own spin lock: two threads contend only when their addresses fall in the
+//! same shard, and only for the few nanoseconds of a probe. Tables live in anonymous mappings
+//! and double when half full, so memory follows the number of live blocks.
+
+use crate::sys::{map_anon, unmap, SpinLock};
+use std::cell::UnsafeCell;
+
+/// Number of shards (a power of two).
+pub const SHARDS: usize = 256;
+const EMPTY: u64 = 0;
+const TOMBSTONE: u64 = 1;
+const MIN_CAP: usize = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Entry {
+    address: u64,
+    node: u32,
+    _pad: u32,
+}
+
+struct Table {
+    entries: *mut Entry,
+    cap: usize,
+    len: usize,
+    used: usize, // len + tombstones
+}
+
+#[repr(align(64))]
+struct Shard {
+    lock: SpinLock,
+    table: UnsafeCell<Table>,
+}
+
+/// The sharded index.
+pub struct AddressIndex {
+    shards: [Shard; SHARDS],
+}
+
+impl std::fmt::Debug for AddressIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddressIndex").finish_non_exhaustive()
+    }
+}
+
+// SAFETY: each shard's table is only touched while its lock is held.
+unsafe impl Sync for AddressIndex {}
+// SAFETY: see Sync; the raw pointers are owned mappings.
+unsafe impl Send for AddressIndex {}
+
+#[inline]
+fn hash(address: u64) -> u64 {
+    (address >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl AddressIndex {
+    /// An empty index (no memory mapped until the first insert).
+    pub const fn new() -> Self {
+        const S: Shard = Shard {
+            lock: SpinLock::new(),
+            table: UnsafeCell::new(Table {
+                entries: std::ptr::null_mut(),
+                cap: 0,
+                len: 0,
+                used: 0,
+            }),
+        };
+        AddressIndex { shards: [S; SHARDS] }
+    }
+
+    #[inline]
+    fn shard(&self, h: u64) -> &Shard {
+        &self.shards[(h >> 56) as usize % SHARDS]
+    }
+
+    /// Maps `address` to `node`. Returns the node it was mapped to before (a block whose free
+    /// the shim never saw), or `Err(())` when memory for the index could not be mapped.
+    pub fn insert(&self, address: u64, node: u32) -> Result<Option<u32>, ()> {
+        debug_assert!(address > TOMBSTONE);
+        let h = hash(address);
+        let shard = self.shard(h);
+        shard.lock.lock();
+        // SAFETY: the shard lock is held.
+        let t = unsafe { &mut *shard.table.get() };
+        let r = insert_locked(t, h, address, node);
+        shard.lock.unlock();
+        r
+    }
+
+    /// Removes `address`, returning its node, or `None` if it is not indexed.
+    pub fn remove(&self, address: u64) -> Option<u32> {
+        let h = hash(address);
+        let shard = self.shard(h);
+        shard.lock.lock();
+        // SAFETY: the shard lock is held.
+        let t = unsafe { &mut *shard.table.get() };
+        let r = remove_locked(t, h, address);
+        shard.lock.unlock();
+        r
+    }
+
+    /// Takes every shard lock (before `fork`, so the child gets a consistent index).
+    pub fn lock_all(&self) {
+        for s in &self.shards {
+            s.lock.lock();
+        }
+    }
+
+    /// Releases every shard lock (after `fork`, in parent and child).
+    pub fn unlock_all(&self) {
+        for s in &self.shards {
+            s.lock.unlock();
+        }
+    }
+
+    /// Live entries (for tests).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock.lock();
+                // SAFETY: the shard lock is held.
+                let n = unsafe { (*s.table.get()).len };
+                s.lock.unlock();
+                n
+            })
+            .sum()
+    }
+
+    /// Whether no address is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for AddressIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn insert_locked(t: &mut Table, h: u64, address: u64, node: u32) -> Result<Option<u32>, ()> {
+    if (t.used + 1) * 2 > t.cap {
+        grow(t)?;
+    }
+    let mask = t.cap - 1;
+    let mut i = h as usize & mask;
+    let mut first_tomb = None;
+    loop {
+        // SAFETY: i <= mask < cap; entries has cap elements.
+        let e = unsafe { &mut *t.entries.add(i) };
+        if e.address == address {
+            let old = e.node;
+            e.node = node;
+            return Ok(Some(old));
+        }
+        if e.address == TOMBSTONE && first_tomb.is_none() {
+            first_tomb = Some(i);
+        }
+        if e.address == EMPTY {
+            let j = match first_tomb {
+                Some(j) => j,
+                None => {
+                    t.used += 1;
+                    i
+                }
+            };
+            // SAFETY: j < cap.
+            let slot = unsafe { &mut *t.entries.add(j) };
+            slot.address = address;
+            slot.node = node;
+            t.len += 1;
+            return Ok(None);
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+fn remove_locked(t: &mut Table, h: u64, address: u64) -> Option<u32> {
+    if t.cap == 0 {
+        return None;
+    }
+    let mask = t.cap - 1;
+    let mut i = h as usize & mask;
+    loop {
+        // SAFETY: i < cap.
+        let e = unsafe { &mut *t.entries.add(i) };
+        if e.address == address {
+            e.address = TOMBSTONE;
+            t.len -= 1;
+            return Some(e.node);
+        }
+        if e.address == EMPTY {
+            return None;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+fn grow(t: &mut Table) -> Result<(), ()> {
+    let new_cap = (t.len * 4).next_power_of_two().max(MIN_CAP);
+    let bytes = new_cap * std::mem::size_of::<Entry>();
+    let entries = map_anon(bytes) as *mut Entry;
+    if entries.is_null() {
+        return Err(());
+    }
+    let mut nt = Table {
+        entries,
+        cap: new_cap,
+        len: 0,
+        used: 0,
+    };
+    for i in 0..t.cap {
+        // SAFETY: i < old cap.
+        let e = unsafe { *t.entries.add(i) };
+        if e.address > TOMBSTONE {
+            let _ = insert_locked(&mut nt, hash(e.address), e.address, e.node);
+        }
+    }
+    if !t.entries.is_null() {
+        // SAFETY: the old table came from map_anon with this size and is no longer referenced.
+        unsafe { unmap(t.entries as *mut u8, t.cap * std::mem::size_of::<Entry>()) };
+    }
+    *t = nt;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn matches_a_hashmap() {
+        let idx = AddressIndex::new();
+        let mut reference = HashMap::new();
+        let mut x: u64 = 0x1234_5678;
+        for i in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = ((x % 50_000) + 2) << 4;
+            if x % 3 == 0 {
+                assert_eq!(idx.remove(addr), reference.remove(&addr));
+            } else {
+                assert_eq!(idx.insert(addr, i).unwrap(), reference.insert(addr, i));
+            }
+        }
+        assert_eq!(idx.len(), reference.len());
+        for (a, n) in reference {
+            assert_eq!(idx.remove(a), Some(n));
+        }
+        assert!(idx.is_empty());
+    }
+}

@@ -1,0 +1,300 @@
+//! Creating, naming and removing the region file; reading the process identity and settings.
+//!
+//! Region files live in a per-user directory (`/dev/shm/heapdump-UID`, or `$HEAPDUMP_DIR`)
+//! with mode 0700, and are named `PID-STARTTICKS-CREATEDNS.heapdump`: the pid and start time
+//! tell pid reuse apart, the creation time tells the images of one process apart across `exec`
+//! (which keeps both). Files are created 0600 with `O_EXCL|O_NOFOLLOW`.
+//!
+//! Runs inside the first `malloc` of the process, so it allocates nothing itself (buffers are on
+//! the stack) and reads its settings from `/proc/self/environ` rather than relying on libc's
+//! `environ` being initialized.
+
+use crate::sys::{map_anon, parse_size, read_file, unmap, warn};
+use vmo_layout::clock::now_ns;
+use vmo_layout::v1::{plan, Capacities};
+use vmo_layout::{ProcessIdentity, RegionWriter};
+
+/// Settings read from the environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Region directory, NUL-terminated.
+    pub dir: [u8; 512],
+    /// Keep the region after a clean exit (`HEAPDUMP_KEEP=1`).
+    pub keep: bool,
+    /// Section sizes (`HEAPDUMP_MAX_BLOCKS`, `HEAPDUMP_MAX_STACKS`, `HEAPDUMP_MAX_THREADS`).
+    pub caps: Capacities,
+    /// Record nothing (`HEAPDUMP_DISABLE=1`).
+    pub disabled: bool,
+}
+
+/// Reads `/proc/self/environ` and returns the settings.
+pub fn settings() -> Settings {
+    const ENV_MAX: usize = 1 << 20;
+    let mut s = Settings {
+        dir: [0; 512],
+        keep: false,
+        caps: Capacities::default(),
+        disabled: false,
+    };
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let mut num = [0u8; 20];
+    let mut d = Cursor::new(&mut s.dir);
+    d.push(b"/dev/shm/heapdump-");
+    d.push(crate::sys::fmt_u64(uid as u64, &mut num));
+    let buf = map_anon(ENV_MAX);
+    if buf.is_null() {
+        return s;
+    }
+    // SAFETY: `buf` is a fresh ENV_MAX-byte mapping.
+    let env = unsafe { std::slice::from_raw_parts_mut(buf, ENV_MAX) };
+    let n = read_file(b"/proc/self/environ\0", env);
+    for var in env[..n].split(|b| *b == 0) {
+        let Some(eq) = var.iter().position(|b| *b == b'=') else { continue };
+        let (k, v) = (&var[..eq], &var[eq + 1..]);
+        match k {
+            b"HEAPDUMP_DIR" if !v.is_empty() && v.len() < 400 => {
+                s.dir = [0; 512];
+                s.dir[..v.len()].copy_from_slice(v);
+            }
+            b"HEAPDUMP_KEEP" => s.keep = v == b"1" || v == b"true" || v == b"yes",
+            b"HEAPDUMP_DISABLE" => s.disabled = v == b"1" || v == b"true" || v == b"yes",
+            b"HEAPDUMP_MAX_BLOCKS" => {
+                if let Some(x) = parse_size(v) {
+                    s.caps.nodes = x.clamp(64, u32::MAX as u64 - 1);
+                }
+            }
+            b"HEAPDUMP_MAX_STACKS" => {
+                if let Some(x) = parse_size(v) {
+                    s.caps.stacks = x.clamp(16, u32::MAX as u64 - 2);
+                    s.caps.frames = s.caps.stacks * 24;
+                }
+            }
+            b"HEAPDUMP_MAX_THREADS" => {
+                if let Some(x) = parse_size(v) {
+                    s.caps.threads = x.clamp(2, 1 << 20);
+                }
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the mapping is ours and no longer referenced (`env` ends here).
+    unsafe { unmap(buf, ENV_MAX) };
+    s
+}
+
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(buf: &'a mut [u8]) -> Self {
+        let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        Cursor { buf, len }
+    }
+    fn push(&mut self, s: &[u8]) {
+        let n = s.len().min(self.buf.len() - 1 - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+        self.buf[self.len] = 0;
+    }
+}
+
+/// A created region: the writer and the file's path (NUL-terminated).
+#[derive(Debug)]
+pub struct Created {
+    /// The writer over the mapping.
+    pub writer: RegionWriter,
+    /// Path of the region file, NUL-terminated.
+    pub path: [u8; 640],
+    /// Executable path (for the module table), NUL-padded.
+    pub exe: [u8; 1024],
+    /// Length of `exe`.
+    pub exe_len: usize,
+}
+
+/// Process start time in clock ticks since boot (`/proc/self/stat` field 22).
+pub fn start_ticks() -> u64 {
+    let mut buf = [0u8; 1024];
+    let n = read_file(b"/proc/self/stat\0", &mut buf);
+    let stat = &buf[..n];
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return 0 };
+    stat[close + 1..]
+        .split(|b| *b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(19)
+        .and_then(parse_size)
+        .unwrap_or(0)
+}
+
+/// Creates the region for this process; `None` (after a one-line warning) when it cannot.
+pub fn create(settings: &Settings) -> Option<Created> {
+    let dir = &settings.dir;
+    let dir_len = dir.iter().position(|b| *b == 0)?;
+    if !ensure_dir(dir) {
+        warn(b"heapdump: region directory is not a private directory owned by this user; not recording\n");
+        return None;
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let ticks = start_ticks();
+    let mut exe = [0u8; 1024];
+    // SAFETY: the path is NUL-terminated and the buffer has room for len - 1 bytes.
+    let exe_len = unsafe {
+        libc::readlink(
+            b"/proc/self/exe\0".as_ptr() as *const libc::c_char,
+            exe.as_mut_ptr() as *mut libc::c_char,
+            exe.len() - 1,
+        )
+    }
+    .max(0) as usize;
+    // SAFETY: a zeroed stat buffer is valid; stat fills it on success.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated, `st` is writable.
+    unsafe { libc::stat(b"/proc/self/exe\0".as_ptr() as *const libc::c_char, &mut st) };
+    let mut cmdline = [0u8; 1024];
+    let cmd_len = read_file(b"/proc/self/cmdline\0", &mut cmdline);
+
+    remove_stale(dir, pid, ticks);
+
+    let mut caps = settings.caps;
+    // Never reserve more than the file system can hold: touching a page past a full tmpfs
+    // raises SIGBUS in the target.
+    // SAFETY: a zeroed statvfs buffer is valid; statvfs fills it on success.
+    let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is NUL-terminated.
+    if unsafe { libc::statvfs(dir.as_ptr() as *const libc::c_char, &mut vfs) } == 0 {
+        let avail = vfs.f_bavail as u64 * vfs.f_frsize as u64;
+        while plan(&caps).1 > avail / 2 && caps.nodes > 4096 {
+            caps.nodes /= 2;
+            caps.stacks = (caps.stacks / 2).max(4096);
+            caps.frames = caps.stacks * 24;
+        }
+    }
+    let size = plan(&caps).1;
+
+    let mut path = [0u8; 640];
+    let mut num = [0u8; 20];
+    let mut c = Cursor::new(&mut path);
+    c.push(&dir[..dir_len]);
+    c.push(b"/");
+    c.push(crate::sys::fmt_u64(pid as u64, &mut num));
+    c.push(b"-");
+    c.push(crate::sys::fmt_u64(ticks, &mut num));
+    c.push(b"-");
+    c.push(crate::sys::fmt_u64(now_ns(), &mut num));
+    c.push(b".heapdump");
+
+    // SAFETY: `path` is NUL-terminated; flags create a new file, refusing symlinks.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr() as *const libc::c_char,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        warn(b"heapdump: cannot create the region file; not recording\n");
+        return None;
+    }
+    // SAFETY: fd is our open file.
+    let p = unsafe {
+        if libc::ftruncate(fd, size as libc::off_t) != 0 {
+            libc::close(fd);
+            libc::unlink(path.as_ptr() as *const libc::c_char);
+            warn(b"heapdump: cannot size the region file; not recording\n");
+            return None;
+        }
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd,
+            0,
+        );
+        libc::close(fd);
+        p
+    };
+    if p == libc::MAP_FAILED {
+        // SAFETY: `path` is NUL-terminated.
+        unsafe { libc::unlink(path.as_ptr() as *const libc::c_char) };
+        warn(b"heapdump: cannot map the region file; not recording\n");
+        return None;
+    }
+    let id = ProcessIdentity {
+        pid,
+        start_ticks: ticks,
+        exe_dev: st.st_dev,
+        exe_ino: st.st_ino,
+        exe_path: &exe[..exe_len],
+        cmdline: &cmdline[..cmd_len],
+        sample_interval: 0,
+    };
+    // SAFETY: `p` is a fresh, zero-filled, page-aligned shared mapping of `size` bytes that we
+    // never unmap.
+    let writer = unsafe { RegionWriter::create(p as *mut u8, size, &caps, &id) }?;
+    Some(Created {
+        writer,
+        path,
+        exe,
+        exe_len,
+    })
+}
+
+/// Creates the directory 0700 if needed; true if it is a real directory owned by us, private.
+fn ensure_dir(dir: &[u8; 512]) -> bool {
+    let p = dir.as_ptr() as *const libc::c_char;
+    // SAFETY: `dir` is NUL-terminated.
+    unsafe { libc::mkdir(p, 0o700) };
+    // SAFETY: a zeroed stat is valid; lstat does not follow a symlink.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::lstat(p, &mut st) } != 0 {
+        return false;
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != uid {
+        return false;
+    }
+    if st.st_mode & 0o077 != 0 {
+        // SAFETY: `dir` is NUL-terminated and is our own directory.
+        return unsafe { libc::chmod(p, 0o700) } == 0;
+    }
+    true
+}
+
+/// Removes regions left by earlier images of this same process (before an `exec`).
+fn remove_stale(dir: &[u8; 512], pid: u32, ticks: u64) {
+    let mut prefix = [0u8; 48];
+    let mut num = [0u8; 20];
+    let mut c = Cursor::new(&mut prefix);
+    c.push(crate::sys::fmt_u64(pid as u64, &mut num));
+    c.push(b"-");
+    c.push(crate::sys::fmt_u64(ticks, &mut num));
+    c.push(b"-");
+    let plen = c.len;
+    // SAFETY: `dir` is NUL-terminated; opendir may allocate, which the reentrancy guard routes
+    // straight to glibc.
+    let d = unsafe { libc::opendir(dir.as_ptr() as *const libc::c_char) };
+    if d.is_null() {
+        return;
+    }
+    loop {
+        // SAFETY: `d` is an open directory stream.
+        let e = unsafe { libc::readdir(d) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_bytes();
+        if name.starts_with(&prefix[..plen]) && name.ends_with(b".heapdump") {
+            // SAFETY: `d` is open; unlinkat takes a NUL-terminated name relative to it.
+            unsafe { libc::unlinkat(libc::dirfd(d), (*e).d_name.as_ptr(), 0) };
+        }
+    }
+    // SAFETY: `d` is open.
+    unsafe { libc::closedir(d) };
+}

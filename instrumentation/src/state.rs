@@ -1,0 +1,485 @@
+//! Process-wide and per-thread state: the start-up state machine, the reentrancy guard, thread
+//! slots and the per-thread node caches.
+
+use crate::index::AddressIndex;
+use crate::region::{self, Settings};
+use crate::stacks::{StackIndex, CACHE};
+use crate::sys::{map_anon, SpinLock};
+use std::cell::{Cell, UnsafeCell};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU8, Ordering};
+use vmo_layout::v1::{ThreadSlotV1, STATE_EXITED, STATE_READY};
+use vmo_layout::RegionWriter;
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const DISABLED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// The address index (private to this process).
+pub static INDEX: AddressIndex = AddressIndex::new();
+/// Serializes users of the shared thread slot 0 (threads with no slot of their own).
+static ORPHAN: SpinLock = SpinLock::new();
+/// Thread slot shared by threads that have no slot of their own (exited, or table full).
+pub const ORPHAN_SLOT: u32 = 0;
+
+/// Everything set up once per process.
+#[derive(Debug)]
+pub struct Global {
+    /// Writer over this process's region.
+    pub writer: RegionWriter,
+    /// Private stack index.
+    pub stacks: StackIndex,
+    /// Recycled nodes shared between threads.
+    pub free: FreeNodes,
+    /// Region file path, NUL-terminated.
+    pub path: [u8; 640],
+    /// Executable path.
+    pub exe: [u8; 1024],
+    /// Length of `exe`.
+    pub exe_len: usize,
+    /// Settings from the environment.
+    pub settings: Settings,
+    /// Pid that created the region.
+    pub pid: u32,
+    /// pthread key whose destructor releases a thread's slot.
+    pub key: libc::pthread_key_t,
+}
+
+struct GlobalCell(UnsafeCell<MaybeUninit<Global>>);
+// SAFETY: written once by the initializing thread before STATE becomes READY (Release);
+// read only after observing READY (Acquire).
+unsafe impl Sync for GlobalCell {}
+static GLOBAL: GlobalCell = GlobalCell(UnsafeCell::new(MaybeUninit::uninit()));
+
+/// The global state, if recording.
+#[inline]
+pub fn global() -> Option<&'static Global> {
+    if STATE.load(Ordering::Acquire) == READY {
+        // SAFETY: READY is stored (Release) only after GLOBAL was fully written.
+        Some(unsafe { (*GLOBAL.0.get()).assume_init_ref() })
+    } else {
+        None
+    }
+}
+
+/// Nodes per batch moved between a thread cache and the shared free list.
+const BATCH: usize = 32;
+const RING: usize = 2 * BATCH;
+
+/// Per-thread state. Const-initialised, no destructor: usable from inside `malloc` at any time.
+pub struct Tls {
+    guard: Cell<bool>,
+    /// Slot index + 1; 0 = not registered; `EXITED` = uses the orphan slot.
+    slot: Cell<u32>,
+    tid: Cell<u32>,
+    stack_hi: Cell<usize>,
+    ops: Cell<u32>,
+    fresh_next: Cell<u32>,
+    fresh_end: Cell<u32>,
+    ring: UnsafeCell<[u32; RING]>,
+    ring_head: Cell<usize>,
+    ring_len: Cell<usize>,
+    /// Stack cache: (hash, id) by hash % CACHE.
+    pub cache: UnsafeCell<[(u64, u32); CACHE]>,
+}
+const EXITED: u32 = u32::MAX;
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("slot", &self.slot.get()).finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    const fn new() -> Self {
+        Tls {
+            guard: Cell::new(false),
+            slot: Cell::new(0),
+            tid: Cell::new(0),
+            stack_hi: Cell::new(0),
+            ops: Cell::new(0),
+            fresh_next: Cell::new(0),
+            fresh_end: Cell::new(0),
+            ring: UnsafeCell::new([0; RING]),
+            ring_head: Cell::new(0),
+            ring_len: Cell::new(0),
+            cache: UnsafeCell::new([(0, 0); CACHE]),
+        }
+    }
+
+    /// Top of this thread's stack (0 if unknown).
+    pub fn stack_hi(&self) -> usize {
+        self.stack_hi.get()
+    }
+
+    /// OS thread id.
+    pub fn tid(&self) -> u32 {
+        self.tid.get()
+    }
+}
+
+thread_local! {
+    static TLS: Tls = const { Tls::new() };
+}
+
+/// Runs `f` with the global and thread state unless recording is off, not yet possible, or the
+/// thread is already inside the shim (then the call is not recorded and `None` returned).
+#[inline]
+pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    let g = match global() {
+        Some(g) => g,
+        None => {
+            init();
+            global()?
+        }
+    };
+    TLS.with(|t| {
+        if t.guard.replace(true) {
+            return None;
+        }
+        if t.slot.get() == 0 {
+            register_thread(g, t);
+        }
+        let r = f(g, t);
+        t.guard.set(false);
+        Some(r)
+    })
+}
+
+/// Starts recording if nobody has yet. Safe to call from any thread at any time.
+#[cold]
+pub fn init() {
+    if STATE
+        .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    TLS.with(|t| {
+        let outer = t.guard.replace(true);
+        let ok = init_locked();
+        STATE.store(if ok { READY } else { DISABLED }, Ordering::Release);
+        if ok {
+            // SAFETY: registering process-exit and fork handlers; these may allocate, which the
+            // guard routes straight to glibc.
+            unsafe {
+                libc::atexit(on_exit);
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+            }
+        }
+        t.guard.set(outer);
+    });
+}
+
+fn init_locked() -> bool {
+    let settings = region::settings();
+    if settings.disabled {
+        return false;
+    }
+    let Some(created) = region::create(&settings) else { return false };
+    let Some(stacks) = StackIndex::new() else { return false };
+    let Some(free) = FreeNodes::new(created.writer.node_capacity()) else { return false };
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: creating a key with a destructor of the right signature.
+    if unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) } != 0 {
+        return false;
+    }
+    let w = created.writer;
+    // Slot 0 is the orphan slot.
+    w.claim_thread(0, b"(other threads)\0");
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    // SAFETY: only this thread (holding INITIALIZING) writes GLOBAL, before READY is published.
+    unsafe {
+        (*GLOBAL.0.get()).write(Global {
+            writer: w,
+            stacks,
+            free,
+            path: created.path,
+            exe: created.exe,
+            exe_len: created.exe_len,
+            settings,
+            pid,
+            key,
+        });
+    }
+    w.set_state(STATE_READY);
+    true
+}
+
+/// Refreshes the module table (call where the loader lock is not held: a constructor, after
+/// `dlopen`/`dlclose`).
+pub fn refresh_modules() {
+    if let Some(g) = global() {
+        TLS.with(|t| {
+            let outer = t.guard.replace(true);
+            crate::modules::refresh(&g.writer, &g.exe[..g.exe_len]);
+            t.guard.set(outer);
+        });
+    }
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+fn thread_name() -> [u8; 16] {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    name
+}
+
+#[cold]
+fn register_thread(g: &Global, t: &Tls) {
+    let tid = gettid();
+    t.tid.set(tid);
+    t.stack_hi.set(crate::unwind::current_stack_top(tid == g.pid));
+    match g.writer.claim_thread(tid, &thread_name()) {
+        Some(i) => {
+            t.slot.set(i + 1);
+            // SAFETY: the key was created at init; the value is an integer tag, not a pointer.
+            unsafe { libc::pthread_setspecific(g.key, (i as usize + 1) as *const libc::c_void) };
+        }
+        None => t.slot.set(EXITED),
+    }
+}
+
+unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
+    let Some(g) = global() else { return };
+    TLS.with(|t| {
+        let outer = t.guard.replace(true);
+        flush_nodes(g, t);
+        let slot = value as usize as u32;
+        if slot != 0 && t.slot.get() == slot {
+            g.writer.release_thread(slot - 1);
+        }
+        t.slot.set(EXITED);
+        t.guard.set(outer);
+    });
+}
+
+extern "C" fn on_exit() {
+    let Some(g) = global() else { return };
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } as u32 != g.pid {
+        return;
+    }
+    if g.settings.keep {
+        g.writer.set_state(STATE_EXITED);
+    } else {
+        // SAFETY: the path is NUL-terminated; the mapping stays valid after the unlink.
+        unsafe { libc::unlink(g.path.as_ptr() as *const libc::c_char) };
+    }
+}
+
+extern "C" fn fork_prepare() {
+    if let Some(g) = global() {
+        INDEX.lock_all();
+        g.free.lock.lock();
+        ORPHAN.lock();
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(g) = global() {
+        ORPHAN.unlock();
+        g.free.lock.unlock();
+        INDEX.unlock_all();
+    }
+}
+
+extern "C" fn fork_child() {
+    if let Some(g) = global() {
+        ORPHAN.unlock();
+        g.free.lock.unlock();
+        INDEX.unlock_all();
+        // The region is shared with the parent: the child must not write to it.
+        STATE.store(DISABLED, Ordering::Release);
+    }
+}
+
+/// The thread's slot index and slot; takes the orphan lock when the thread has no slot of its
+/// own (release it with [`release_slot`]).
+#[inline]
+pub fn acquire_slot<'g>(g: &'g Global, t: &Tls) -> (u32, &'g ThreadSlotV1) {
+    let s = t.slot.get();
+    if s == EXITED || s == 0 {
+        ORPHAN.lock();
+        (ORPHAN_SLOT, g.writer.thread(ORPHAN_SLOT))
+    } else {
+        (s - 1, g.writer.thread(s - 1))
+    }
+}
+
+/// Releases what [`acquire_slot`] took.
+#[inline]
+pub fn release_slot(slot: u32) {
+    if slot == ORPHAN_SLOT {
+        ORPHAN.unlock();
+    }
+}
+
+/// Counts an operation; every 1024th refreshes the peak and the thread name.
+#[inline]
+pub fn tick(g: &Global, t: &Tls, slot: u32) {
+    let n = t.ops.get().wrapping_add(1);
+    t.ops.set(n);
+    if n % 1024 == 0 {
+        g.writer.update_peak();
+        if slot != ORPHAN_SLOT && n % 65536 == 0 {
+            g.writer.set_thread_name(slot, &thread_name());
+        }
+    }
+}
+
+// ---- nodes ------------------------------------------------------------------------------
+
+/// Takes a node for a new block at time `now`: a recycled one no reader may still need, else a
+/// never-used one. `None` when the allocations table is full.
+#[inline]
+pub fn take_node(g: &Global, t: &Tls, now: u64) -> Option<u32> {
+    if let Some(n) = ring_front(t) {
+        if g.writer.node_reusable(n, now) {
+            ring_pop(t);
+            return Some(n);
+        }
+    }
+    let next = t.fresh_next.get();
+    if next < t.fresh_end.get() {
+        t.fresh_next.set(next + 1);
+        return Some(next);
+    }
+    take_node_slow(g, t, now)
+}
+
+#[cold]
+fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
+    if t.ring_len.get() == 0 {
+        let mut batch = [0u32; BATCH];
+        let k = g.free.pop(&mut batch);
+        for n in &batch[..k] {
+            ring_push(t, *n);
+        }
+        if let Some(n) = ring_front(t) {
+            if g.writer.node_reusable(n, now) {
+                ring_pop(t);
+                return Some(n);
+            }
+        }
+    }
+    let (s, e) = g.writer.claim_nodes(BATCH as u64)?;
+    t.fresh_next.set(s as u32 + 1);
+    t.fresh_end.set(e as u32);
+    Some(s as u32)
+}
+
+/// Returns a dead node to the thread's cache (spilling a batch to the shared list when full).
+#[inline]
+pub fn recycle_node(g: &Global, t: &Tls, n: u32) {
+    if t.ring_len.get() == RING {
+        let mut batch = [0u32; BATCH];
+        for b in batch.iter_mut() {
+            *b = ring_pop(t).unwrap_or(0);
+        }
+        g.free.push(&batch);
+    }
+    ring_push(t, n);
+}
+
+fn flush_nodes(g: &Global, t: &Tls) {
+    let mut batch = [0u32; BATCH];
+    let mut k = 0;
+    while let Some(n) = ring_pop(t) {
+        batch[k] = n;
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    while t.fresh_next.get() < t.fresh_end.get() {
+        batch[k] = t.fresh_next.get();
+        t.fresh_next.set(t.fresh_next.get() + 1);
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    g.free.push(&batch[..k]);
+}
+
+fn ring_front(t: &Tls) -> Option<u32> {
+    if t.ring_len.get() == 0 {
+        return None;
+    }
+    // SAFETY: the ring is only touched by its own thread, inside the reentrancy guard.
+    Some(unsafe { (*t.ring.get())[t.ring_head.get()] })
+}
+
+fn ring_pop(t: &Tls) -> Option<u32> {
+    let n = ring_front(t)?;
+    t.ring_head.set((t.ring_head.get() + 1) % RING);
+    t.ring_len.set(t.ring_len.get() - 1);
+    Some(n)
+}
+
+fn ring_push(t: &Tls, n: u32) {
+    debug_assert!(t.ring_len.get() < RING);
+    let i = (t.ring_head.get() + t.ring_len.get()) % RING;
+    // SAFETY: as in ring_front.
+    unsafe { (*t.ring.get())[i] = n };
+    t.ring_len.set(t.ring_len.get() + 1);
+}
+
+/// Dead nodes shared between threads: a stack of node ids behind a spin lock, touched once per
+/// [`BATCH`] frees or allocations at most.
+#[derive(Debug)]
+pub struct FreeNodes {
+    lock: SpinLock,
+    ids: UnsafeCell<*mut u32>,
+    len: Cell<usize>,
+    cap: usize,
+}
+
+// SAFETY: `ids` and `len` are only accessed with `lock` held.
+unsafe impl Sync for FreeNodes {}
+// SAFETY: as above.
+unsafe impl Send for FreeNodes {}
+
+impl FreeNodes {
+    fn new(cap: u64) -> Option<Self> {
+        let p = map_anon(cap as usize * 4) as *mut u32;
+        (!p.is_null()).then(|| FreeNodes {
+            lock: SpinLock::new(),
+            ids: UnsafeCell::new(p),
+            len: Cell::new(0),
+            cap: cap as usize,
+        })
+    }
+
+    fn push(&self, ids: &[u32]) {
+        self.lock.lock();
+        let len = self.len.get();
+        let k = ids.len().min(self.cap - len);
+        // SAFETY: lock held; len + k <= cap elements lie in the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), (*self.ids.get()).add(len), k) };
+        self.len.set(len + k);
+        self.lock.unlock();
+    }
+
+    fn pop(&self, out: &mut [u32]) -> usize {
+        self.lock.lock();
+        let len = self.len.get();
+        let k = out.len().min(len);
+        // SAFETY: lock held; [len - k, len) lies in the mapping.
+        unsafe { std::ptr::copy_nonoverlapping((*self.ids.get()).add(len - k), out.as_mut_ptr(), k) };
+        self.len.set(len - k);
+        self.lock.unlock();
+        k
+    }
+}

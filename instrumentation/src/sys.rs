@@ -1,0 +1,179 @@
+//! Small system helpers usable inside `malloc`: anonymous mappings, a spin lock, raw file reads.
+//! Nothing here calls the allocator.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Maps `len` bytes of private, zeroed, lazily committed memory; null on failure.
+pub fn map_anon(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping has no preconditions; failure is reported as
+    // MAP_FAILED, which we turn into null.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p as *mut u8
+    }
+}
+
+/// Unmaps memory returned by [`map_anon`].
+///
+/// # Safety
+/// `p[..len]` must be a mapping from [`map_anon`] that nothing references any more.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: per the contract, the range is ours and unused.
+    unsafe { libc::munmap(p as *mut libc::c_void, len) };
+}
+
+/// A test-and-test-and-set spin lock that yields the CPU after a short spin.
+///
+/// Used only for short, rare critical sections (a shard of the address index, the orphan thread
+/// slot, the module table); never held across a call into the allocator.
+#[derive(Debug, Default)]
+pub struct SpinLock(AtomicU32);
+
+impl SpinLock {
+    /// An unlocked lock.
+    pub const fn new() -> Self {
+        SpinLock(AtomicU32::new(0))
+    }
+
+    /// Takes the lock.
+    #[inline]
+    pub fn lock(&self) {
+        if self
+            .0
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        self.lock_slow();
+    }
+
+    #[cold]
+    fn lock_slow(&self) {
+        let mut spins = 0u32;
+        loop {
+            while self.0.load(Ordering::Relaxed) != 0 {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    // SAFETY: sched_yield has no preconditions.
+                    unsafe { libc::sched_yield() };
+                }
+            }
+            if self
+                .0
+                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Releases the lock.
+    #[inline]
+    pub fn unlock(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+
+    /// Forces the lock open (in a forked child, where the holder no longer exists).
+    pub fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Reads up to `buf.len()` bytes of the file at `path` (NUL-terminated); returns bytes read.
+pub fn read_file(path: &[u8], buf: &mut [u8]) -> usize {
+    debug_assert_eq!(path.last(), Some(&0));
+    // SAFETY: `path` is NUL-terminated; open has no other preconditions.
+    let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return 0;
+    }
+    let mut n = 0;
+    while n < buf.len() {
+        // SAFETY: the destination range lies within `buf`.
+        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr() as *mut libc::c_void, buf.len() - n) };
+        if r <= 0 {
+            break;
+        }
+        n += r as usize;
+    }
+    // SAFETY: fd is an open descriptor we own.
+    unsafe { libc::close(fd) };
+    n
+}
+
+/// Writes a message to stderr with one `write(2)` (no allocation, no stdio).
+pub fn warn(msg: &[u8]) {
+    // SAFETY: writing a valid buffer to fd 2; errors are ignored on purpose.
+    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+}
+
+/// Formats `v` in decimal into `buf`, returning the digits.
+pub fn fmt_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+/// Parses a decimal number (optionally with a K/M/G suffix, powers of 1024).
+pub fn parse_size(s: &[u8]) -> Option<u64> {
+    let (digits, mult) = match s.last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((d - b'0') as u64)?;
+    }
+    v.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size(b"4096"), Some(4096));
+        assert_eq!(parse_size(b"512K"), Some(512 << 10));
+        assert_eq!(parse_size(b"2m"), Some(2 << 20));
+        assert_eq!(parse_size(b"x"), None);
+        assert_eq!(parse_size(b""), None);
+    }
+
+    #[test]
+    fn numbers_format() {
+        let mut b = [0u8; 20];
+        assert_eq!(fmt_u64(0, &mut b), b"0");
+        assert_eq!(fmt_u64(1234567, &mut b), b"1234567");
+    }
+}

@@ -1,0 +1,131 @@
+//! Stack capture by frame-pointer walk.
+//!
+//! Starts at the frame of the exported allocation function (whose frame pointer the caller
+//! passes), so the shim's own frames never appear: frame 0 is the return address into the code
+//! that called `malloc`. Each step reads `[fp]` (the caller's frame pointer) and `[fp + 8]` (the
+//! return address) only after checking `fp` lies between the current stack pointer and the top
+//! of this thread's stack, so a garbage `rbp` in code built without frame pointers ends the walk
+//! instead of faulting.
+
+use vmo_layout::v1::MAX_FRAMES;
+
+/// Reads the frame pointer of the calling function.
+///
+/// Must be expanded inside the function whose frame the walk starts from (compiled with frame
+/// pointers, as the workspace's `.cargo/config.toml` and the shim's build force).
+#[macro_export]
+macro_rules! frame_pointer {
+    () => {{
+        let fp: usize;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: reading rbp has no side effects.
+        unsafe {
+            ::core::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
+        };
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: reading x29 has no side effects.
+        unsafe {
+            ::core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags))
+        };
+        fp
+    }};
+}
+
+/// Walks frame pointers from `fp`; writes return addresses (leaf first) into `out`.
+///
+/// `stack_hi` is the highest address of this thread's stack (0 when unknown: then only the
+/// first frame, which lies in the shim's own frame, is read). Returns the number of frames.
+#[inline(never)]
+pub fn walk(mut fp: usize, stack_hi: usize, out: &mut [u64; MAX_FRAMES]) -> usize {
+    let marker = 0u8;
+    let lo = &marker as *const u8 as usize;
+    let hi = if stack_hi == 0 { fp.saturating_add(16) } else { stack_hi };
+    let mut n = 0;
+    while n < MAX_FRAMES {
+        if fp < lo || fp & 7 != 0 || fp.saturating_add(16) > hi {
+            break;
+        }
+        // SAFETY: lo <= fp and fp + 16 <= hi: both words lie inside this thread's stack,
+        // which is mapped from the current stack pointer up to its top.
+        let (next, ret) = unsafe { (*(fp as *const usize), *((fp + 8) as *const usize)) };
+        if ret < 4096 {
+            break;
+        }
+        out[n] = ret as u64;
+        n += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    n
+}
+
+/// Top of the calling thread's stack (0 if unknown). May allocate (inside the reentrancy guard,
+/// so those allocations go straight to glibc).
+pub fn current_stack_top(is_main: bool) -> usize {
+    if is_main {
+        extern "C" {
+            static __libc_stack_end: *const libc::c_void;
+        }
+        // SAFETY: ld.so defines __libc_stack_end before any user code runs; reading it is a
+        // plain load of a pointer-sized value.
+        let end = unsafe { __libc_stack_end } as usize;
+        // The initial stack extends a little above __libc_stack_end (argv, envp, auxv);
+        // frames live below it.
+        return end;
+    }
+    // SAFETY: a zeroed pthread_attr_t is filled by pthread_getattr_np; destroyed below.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return 0;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if ok {
+            addr as usize + size
+        } else {
+            0
+        }
+    }
+}
+
+/// 64-bit hash of a stack trace (FxHash-style mixing with a final avalanche).
+#[inline]
+pub fn hash_frames(frames: &[u64]) -> u64 {
+    let mut h: u64 = 0x243F_6A88_85A3_08D3 ^ frames.len() as u64;
+    for f in frames {
+        h = (h.rotate_left(5) ^ f).wrapping_mul(0x517C_C1B7_2722_0A95);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn depth3(out: &mut [u64; MAX_FRAMES]) -> usize {
+        let fp = crate::frame_pointer!();
+        walk(fp, current_stack_top(false), out)
+    }
+
+    #[test]
+    fn walks_this_thread() {
+        let mut out = [0u64; MAX_FRAMES];
+        let n = std::thread::spawn(move || depth3(&mut out)).join().unwrap();
+        assert!(n >= 2, "only {n} frames");
+    }
+
+    #[test]
+    fn hash_differs_by_order() {
+        assert_ne!(hash_frames(&[1, 2]), hash_frames(&[2, 1]));
+        assert_ne!(hash_frames(&[1]), hash_frames(&[1, 0]));
+    }
+}

@@ -1,0 +1,19 @@
+//! The heapdump region: the only crate both the shim (writer) and the collector (reader) use.
+//!
+//! Map of modules:
+//! - [`v1`]: layout version 1, field by field (`#[repr(C)]`, sizes pinned at compile time);
+//! - [`writer`]: lays out a region and performs inserts/erases (used inside `malloc`: no
+//!   allocation, no locks, no system calls);
+//! - [`reader`]: validates a region as hostile input and takes point-in-time snapshots;
+//! - [`clock`]: the fenced `CLOCK_MONOTONIC` both sides order their operations by.
+//!
+//! The region format, the insert/erase/snapshot protocol and the argument for its consistency
+//! are described in `ARCHITECTURE.md` at the root of the repository.
+
+pub mod clock;
+pub mod reader;
+pub mod v1;
+pub mod writer;
+
+pub use reader::{Block, Counters, Module, ReadError, Region, RegionInfo, SnapshotMeta, SnapshotOptions, ThreadInfo};
+pub use writer::{ProcessIdentity, RegionWriter};

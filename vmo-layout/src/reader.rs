@@ -1,0 +1,540 @@
+//! The reader side: validates a region (hostile input) and takes point-in-time snapshots.
+//!
+//! Every offset, count and length read from the region is checked against the mapping before
+//! use; every loop is bounded by a capacity the header declares and the mapping can hold. A
+//! corrupt region yields an error or fewer records, never a panic or an unbounded allocation.
+//!
+//! Snapshot protocol for a live writer (the argument is in `ARCHITECTURE.md`):
+//! 1. store a lease `L = now` in the header (SeqCst); writers stop recycling nodes freed at or
+//!    after `L`;
+//! 2. read the snapshot time `T = now`;
+//! 3. for every thread slot that is inside an operation, wait until that operation ends;
+//! 4. scan the allocations table: a node is live at `T` iff `t_alloc <= T < t_free`, read under
+//!    the node's seqlock (`t_alloc` before and after);
+//! 5. clear the lease.
+
+use crate::clock::now_ns;
+use crate::v1::*;
+use std::fmt;
+use std::mem::size_of;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Why a region cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// Shorter than a header.
+    TooSmall(u64),
+    /// Does not start with [`MAGIC`].
+    BadMagic,
+    /// A layout version this build does not read.
+    UnsupportedVersion(u32),
+    /// The header is inconsistent (the text says how).
+    Corrupt(&'static str),
+    /// The writer has not finished laying out the region.
+    NotReady,
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::TooSmall(n) => write!(f, "file is not a heapdump region ({n} bytes, shorter than a header)"),
+            ReadError::BadMagic => write!(f, "file is not a heapdump region (bad magic)"),
+            ReadError::UnsupportedVersion(v) => write!(
+                f,
+                "region layout v{v} is not supported by this heapdump (reads v{}); upgrade heapdump",
+                SUPPORTED_VERSIONS.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", v")
+            ),
+            ReadError::Corrupt(why) => write!(f, "corrupt heapdump region: {why}"),
+            ReadError::NotReady => write!(f, "region is still being initialized by its process"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Layout versions this reader understands.
+pub const SUPPORTED_VERSIONS: &[u32] = &[LAYOUT_VERSION];
+
+/// Process-level facts and counters from the header and thread table.
+#[derive(Debug, Clone, Default)]
+pub struct RegionInfo {
+    /// Layout version.
+    pub version: u32,
+    /// Writer's pid.
+    pub pid: u32,
+    /// Start time in clock ticks since boot.
+    pub start_ticks: u64,
+    /// Region creation time, ns since the Unix epoch.
+    pub created_realtime_ns: u64,
+    /// Region creation time, `CLOCK_MONOTONIC` ns.
+    pub created_monotonic_ns: u64,
+    /// Device of the executable.
+    pub exe_dev: u64,
+    /// Inode of the executable.
+    pub exe_ino: u64,
+    /// Executable path.
+    pub exe_path: String,
+    /// Command line arguments.
+    pub cmdline: Vec<String>,
+    /// `STATE_*` value.
+    pub state: u32,
+    /// Sampling interval in bytes (0: every allocation).
+    pub sample_interval: u64,
+    /// Counters summed over thread slots.
+    pub counters: Counters,
+}
+
+/// Cumulative counters of a region.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Blocks recorded.
+    pub allocs: u64,
+    /// Blocks erased.
+    pub frees: u64,
+    /// Bytes recorded.
+    pub alloc_bytes: u64,
+    /// Bytes erased.
+    pub free_bytes: u64,
+    /// Live blocks (`allocs - frees`).
+    pub live_blocks: u64,
+    /// Live bytes (`alloc_bytes - free_bytes`).
+    pub live_bytes: u64,
+    /// Highest live bytes seen.
+    pub peak_live_bytes: u64,
+    /// Blocks not recorded (allocations table full).
+    pub dropped_blocks: u64,
+    /// Stack traces not recorded (stack sections full).
+    pub dropped_stacks: u64,
+    /// Thread slots used.
+    pub threads: u64,
+}
+
+/// One live block in a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Address.
+    pub address: u64,
+    /// Requested size in bytes.
+    pub size: u64,
+    /// Allocation time, `CLOCK_MONOTONIC` ns.
+    pub t_alloc: u64,
+    /// Stack id (`u32::MAX`: none).
+    pub stack: u32,
+    /// OS thread id that allocated it.
+    pub thread: u32,
+}
+
+/// A thread slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadInfo {
+    /// OS thread id.
+    pub tid: u32,
+    /// Thread name.
+    pub name: String,
+    /// Whether the slot is owned by a running thread.
+    pub running: bool,
+}
+
+/// A module (ELF object) of the process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Module {
+    /// Path of the ELF file.
+    pub path: String,
+    /// Load bias: runtime address = base + ELF virtual address.
+    pub base: u64,
+    /// GNU build ID bytes (may be empty).
+    pub build_id: Vec<u8>,
+    /// PT_LOAD segments.
+    pub segments: Vec<SegmentV1>,
+    /// Whether it was still loaded when last seen.
+    pub loaded: bool,
+}
+
+/// How to take a snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotOptions {
+    /// The writer is running: use the lease and wait for in-flight operations.
+    pub live: bool,
+    /// Longest wait for one thread's in-flight operation.
+    pub wait_timeout: Duration,
+}
+
+/// What a snapshot reports besides its blocks.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotMeta {
+    /// Snapshot time `T`, `CLOCK_MONOTONIC` ns (`u64::MAX - 1` for an exited process).
+    pub time_ns: u64,
+    /// Live blocks visited.
+    pub blocks: u64,
+    /// Bytes of live blocks visited.
+    pub bytes: u64,
+    /// Nodes scanned.
+    pub nodes_scanned: u64,
+    /// Longest wait for an in-flight operation, ns.
+    pub max_wait_ns: u64,
+    /// Problems that may make the snapshot inexact.
+    pub warnings: Vec<String>,
+}
+
+/// A validated region mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    base: *const u8,
+    len: u64,
+    writable: bool,
+    sections: [SectionV1; section::COUNT],
+    _life: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> Region<'a> {
+    /// Validates a region held in ordinary memory (a copy of a file, a fuzz input).
+    ///
+    /// Snapshots of such a region never write to it and never wait.
+    pub fn from_bytes(bytes: &'a [u8]) -> Result<Self, ReadError> {
+        // SAFETY: `bytes` is a valid slice for 'a; with `writable = false` nothing writes it.
+        unsafe { Self::from_raw(bytes.as_ptr(), bytes.len() as u64, false) }
+    }
+
+    /// Validates a mapped region.
+    ///
+    /// # Safety
+    /// `base[..len]` must stay mapped and readable for `'a`, 8-byte aligned; when `writable`, it
+    /// must be a writable shared mapping (the reader stores its lease in the header).
+    pub unsafe fn from_raw(base: *const u8, len: u64, writable: bool) -> Result<Self, ReadError> {
+        if len < HEADER_SIZE as u64 {
+            return Err(ReadError::TooSmall(len));
+        }
+        // SAFETY: len >= HEADER_SIZE, so the first 16 bytes are readable.
+        let head = unsafe { std::slice::from_raw_parts(base, 16) };
+        if head[..8] != MAGIC {
+            return Err(ReadError::BadMagic);
+        }
+        let version = u32::from_ne_bytes(head[8..12].try_into().unwrap());
+        if !SUPPORTED_VERSIONS.contains(&version) {
+            return Err(ReadError::UnsupportedVersion(version));
+        }
+        let header_size = u32::from_ne_bytes(head[12..16].try_into().unwrap()) as u64;
+        if header_size < HEADER_SIZE as u64 || header_size > len {
+            return Err(ReadError::Corrupt("header size out of range"));
+        }
+        // SAFETY: the header fits in the mapping and is 8-byte aligned per the contract.
+        let h = unsafe { &*(base as *const HeaderV1) };
+        let count = (h.section_count as usize).min(h.sections.len());
+        if h.section_entry_size as usize != size_of::<SectionV1>() {
+            return Err(ReadError::Corrupt("section entry size"));
+        }
+        let expected: [(u32, usize); section::COUNT] = [
+            (section::ALLOCATIONS, size_of::<NodeV1>()),
+            (section::STACK_ENTRIES, size_of::<StackEntryV1>()),
+            (section::STACK_FRAMES, 8),
+            (section::STACK_COUNTERS, size_of::<StackCounterV1>()),
+            (section::THREADS, size_of::<ThreadSlotV1>()),
+            (section::MODULES, size_of::<ModuleV1>()),
+        ];
+        let mut sections = [SectionV1::default(); section::COUNT];
+        for (kind, size) in expected {
+            let s = h.sections[..count]
+                .iter()
+                .find(|s| s.kind == kind)
+                .ok_or(ReadError::Corrupt("missing section"))?;
+            if s.entry_size as usize != size {
+                return Err(ReadError::Corrupt("section entry size mismatch"));
+            }
+            let bytes = s
+                .capacity
+                .checked_mul(size as u64)
+                .and_then(|b| b.checked_add(s.offset))
+                .ok_or(ReadError::Corrupt("section size overflows"))?;
+            if s.offset < header_size || s.offset % 8 != 0 || bytes > len {
+                return Err(ReadError::Corrupt("section outside the region"));
+            }
+            sections[kind as usize - 1] = *s;
+        }
+        let stacks = sections[section::STACK_ENTRIES as usize - 1].capacity;
+        if sections[section::STACK_COUNTERS as usize - 1].capacity / STRIPES as u64 != stacks {
+            return Err(ReadError::Corrupt("stack counter section does not match stack section"));
+        }
+        Ok(Region {
+            base,
+            len,
+            writable,
+            sections,
+            _life: std::marker::PhantomData,
+        })
+    }
+
+    fn header(&self) -> &HeaderV1 {
+        // SAFETY: validated in `from_raw`: the header lies in the mapping.
+        unsafe { &*(self.base as *const HeaderV1) }
+    }
+
+    fn cap(&self, kind: u32) -> u64 {
+        self.sections[kind as usize - 1].capacity
+    }
+
+    fn at<T>(&self, kind: u32, index: u64) -> Option<&T> {
+        let s = &self.sections[kind as usize - 1];
+        if index >= s.capacity {
+            return None;
+        }
+        let off = s.offset + index * s.entry_size as u64;
+        debug_assert!(off + size_of::<T>() as u64 <= self.len);
+        // SAFETY: `from_raw` checked that the whole section lies in the mapping and is 8-byte
+        // aligned; T consists of atomics (or plain data read under a seqlock).
+        Some(unsafe { &*(self.base.add(off as usize) as *const T) })
+    }
+
+    /// Header facts and counters.
+    pub fn info(&self) -> RegionInfo {
+        let h = self.header();
+        let threads = h
+            .thread_count
+            .load(Ordering::Acquire)
+            .min(self.cap(section::THREADS));
+        let mut c = Counters {
+            peak_live_bytes: h.peak_live_bytes.load(Ordering::Relaxed),
+            dropped_stacks: h.dropped_stacks.load(Ordering::Relaxed),
+            threads,
+            ..Counters::default()
+        };
+        for i in 0..threads {
+            let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) else { break };
+            c.allocs = c.allocs.wrapping_add(s.allocs.load(Ordering::Relaxed));
+            c.frees = c.frees.wrapping_add(s.frees.load(Ordering::Relaxed));
+            c.alloc_bytes = c.alloc_bytes.wrapping_add(s.alloc_bytes.load(Ordering::Relaxed));
+            c.free_bytes = c.free_bytes.wrapping_add(s.free_bytes.load(Ordering::Relaxed));
+            c.dropped_blocks = c.dropped_blocks.wrapping_add(s.dropped.load(Ordering::Relaxed));
+        }
+        c.live_blocks = c.allocs.saturating_sub(c.frees);
+        c.live_bytes = c.alloc_bytes.saturating_sub(c.free_bytes);
+        c.peak_live_bytes = c.peak_live_bytes.max(c.live_bytes);
+        RegionInfo {
+            version: h.layout_version,
+            pid: h.pid,
+            start_ticks: h.start_ticks,
+            created_realtime_ns: h.created_realtime_ns,
+            created_monotonic_ns: h.created_monotonic_ns,
+            exe_dev: h.exe_dev,
+            exe_ino: h.exe_ino,
+            exe_path: c_string(&h.exe_path),
+            cmdline: h
+                .cmdline
+                .split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+            state: AtomicU32::load(&h.state, Ordering::Acquire),
+            sample_interval: h.sample_interval,
+            counters: c,
+        }
+    }
+
+    /// Visits every block live at one instant; see the module docs for the protocol.
+    ///
+    /// With `opts.live` the region must have been opened writable (the lease is stored in it);
+    /// otherwise the snapshot time is "end of recording" and nothing is written or waited for.
+    /// Only one live snapshot per region may run at a time (the caller serializes, e.g. with
+    /// `flock`).
+    pub fn snapshot(
+        &self,
+        opts: &SnapshotOptions,
+        mut visit: impl FnMut(&Block),
+    ) -> SnapshotMeta {
+        let h = self.header();
+        let mut meta = SnapshotMeta::default();
+        let live = opts.live && self.writable;
+        let t = if live {
+            h.lease.store(now_ns(), Ordering::SeqCst);
+            let t = now_ns();
+            let threads = h
+                .thread_count
+                .load(Ordering::SeqCst)
+                .min(self.cap(section::THREADS));
+            for i in 0..threads {
+                let Some(slot) = self.at::<ThreadSlotV1>(section::THREADS, i) else { break };
+                let s = slot.op_seq.load(Ordering::SeqCst);
+                if s & 1 == 0 {
+                    continue;
+                }
+                let start = now_ns();
+                let deadline = start + opts.wait_timeout.as_nanos() as u64;
+                let mut spins = 0u32;
+                while slot.op_seq.load(Ordering::Acquire) == s {
+                    spins = spins.wrapping_add(1);
+                    if spins % 256 == 0 {
+                        if now_ns() > deadline {
+                            meta.warnings.push(format!(
+                                "thread {} stayed inside the allocator for more than {:?}; \
+                                 its operation in progress may be missing",
+                                slot.tid.load(Ordering::Relaxed),
+                                opts.wait_timeout
+                            ));
+                            break;
+                        }
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                meta.max_wait_ns = meta.max_wait_ns.max(now_ns() - start);
+            }
+            fence(Ordering::SeqCst);
+            t
+        } else {
+            TIME_NONE - 1
+        };
+        meta.time_ns = t;
+        let nodes = h
+            .node_cursor
+            .load(Ordering::Acquire)
+            .min(self.cap(section::ALLOCATIONS));
+        for i in 0..nodes {
+            let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else { break };
+            let a1 = n.t_alloc.load(Ordering::Acquire);
+            if a1 > t {
+                continue;
+            }
+            let block = Block {
+                address: n.address.load(Ordering::Relaxed),
+                size: n.size.load(Ordering::Relaxed),
+                t_alloc: a1,
+                stack: n.stack.load(Ordering::Relaxed),
+                thread: n.thread.load(Ordering::Relaxed),
+            };
+            let t_free = n.t_free.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if n.t_alloc.load(Ordering::Relaxed) != a1 || t_free <= t {
+                continue;
+            }
+            meta.blocks += 1;
+            meta.bytes = meta.bytes.wrapping_add(block.size);
+            visit(&block);
+        }
+        meta.nodes_scanned = nodes;
+        if live {
+            let took = now_ns().saturating_sub(t);
+            h.lease.store(0, Ordering::SeqCst);
+            if took + 1_000_000_000 > LEASE_NS {
+                meta.warnings.push(format!(
+                    "snapshot took {took} ns, near the {LEASE_NS} ns lease: blocks may be missing"
+                ));
+            }
+        }
+        meta
+    }
+
+    /// Number of stack entries recorded.
+    pub fn stack_count(&self) -> u64 {
+        self.header()
+            .stack_count
+            .load(Ordering::Acquire)
+            .min(self.cap(section::STACK_ENTRIES))
+    }
+
+    /// Frames of stack `id` (leaf first), or `None` if it is not a valid, published entry.
+    pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
+        let e = self.at::<StackEntryV1>(section::STACK_ENTRIES, id as u64)?;
+        let df = e.depth_flags.load(Ordering::Acquire);
+        if df & STACK_PUBLISHED == 0 {
+            return None;
+        }
+        let depth = (df & 0xffff) as u64;
+        if depth as usize > MAX_FRAMES {
+            return None;
+        }
+        let off = e.frames_offset.load(Ordering::Relaxed) as u64;
+        (0..depth)
+            .map(|i| {
+                self.at::<AtomicU64>(section::STACK_FRAMES, off + i)
+                    .map(|f| f.load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+
+    /// Cumulative `(allocations, bytes)` made from stack `id`, summed over stripes.
+    pub fn stack_totals(&self, id: u32) -> (u64, u64) {
+        let stacks = self.cap(section::STACK_ENTRIES);
+        let (mut n, mut b) = (0u64, 0u64);
+        for stripe in 0..STRIPES as u64 {
+            if let Some(c) =
+                self.at::<StackCounterV1>(section::STACK_COUNTERS, stripe * stacks + id as u64)
+            {
+                n = n.wrapping_add(c.count.load(Ordering::Relaxed));
+                b = b.wrapping_add(c.bytes.load(Ordering::Relaxed));
+            }
+        }
+        (n, b)
+    }
+
+    /// Thread slots in use or used before.
+    pub fn threads(&self) -> Vec<ThreadInfo> {
+        let n = self
+            .header()
+            .thread_count
+            .load(Ordering::Acquire)
+            .min(self.cap(section::THREADS));
+        (0..n)
+            .filter_map(|i| self.at::<ThreadSlotV1>(section::THREADS, i))
+            .map(|s| {
+                let mut name = [0u8; 16];
+                name[..8].copy_from_slice(&s.name[0].load(Ordering::Relaxed).to_ne_bytes());
+                name[8..].copy_from_slice(&s.name[1].load(Ordering::Relaxed).to_ne_bytes());
+                ThreadInfo {
+                    tid: s.tid.load(Ordering::Relaxed),
+                    name: c_string(&name),
+                    running: s.state.load(Ordering::Relaxed) == SLOT_USED,
+                }
+            })
+            .collect()
+    }
+
+    /// The module table, copied under its seqlock (retried a bounded number of times).
+    pub fn modules(&self) -> Vec<Module> {
+        let h = self.header();
+        let sec = self.sections[section::MODULES as usize - 1];
+        for _ in 0..1000 {
+            let s1 = h.module_seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::thread::yield_now();
+                continue;
+            }
+            let n = h.module_count.load(Ordering::Acquire).min(sec.capacity);
+            let mut out = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                let mut raw = [0u64; size_of::<ModuleV1>() / 8];
+                let p = (self.base as usize + (sec.offset + i * sec.entry_size as u64) as usize)
+                    as *const u64;
+                for (k, w) in raw.iter_mut().enumerate() {
+                    // SAFETY: the module section lies in the mapping (validated) and is 8-byte
+                    // aligned; a concurrent writer is detected by the seqlock below.
+                    *w = unsafe { std::ptr::read_volatile(p.add(k)) };
+                }
+                // SAFETY: ModuleV1 is plain old data of exactly this size; any bit pattern is
+                // a valid value.
+                let m: ModuleV1 = unsafe { std::mem::transmute(raw) };
+                if m.state == MODULE_EMPTY {
+                    continue;
+                }
+                let path_len = (m.path_len as usize).min(MODULE_PATH_BYTES);
+                out.push(Module {
+                    path: String::from_utf8_lossy(&m.path[..path_len]).into_owned(),
+                    base: m.base,
+                    build_id: m.build_id[..(m.build_id_len as usize).min(MAX_BUILD_ID)].to_vec(),
+                    segments: m.segments[..(m.segment_count as usize).min(MAX_SEGMENTS)].to_vec(),
+                    loaded: m.state == MODULE_LOADED,
+                });
+            }
+            fence(Ordering::Acquire);
+            if h.module_seq.load(Ordering::Relaxed) == s1 {
+                return out;
+            }
+        }
+        Vec::new()
+    }
+}
+
+fn c_string(b: &[u8]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}

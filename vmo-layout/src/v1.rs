@@ -1,0 +1,382 @@
+//! Layout version 1 of the heapdump region.
+//!
+//! A region is one file (mode 0600) mapped `MAP_SHARED` by the instrumented process (the writer)
+//! and, at snapshot time, by the collector (the reader). Every multi-byte field is native-endian
+//! x86-64/aarch64 (little-endian, 64-bit); a reader on another architecture refuses the region.
+//!
+//! ```text
+//! offset  size      what
+//! 0       4096      Header: magic, version, header size, section table, process identity,
+//!                   counters (each hot one on its own 64-byte line)
+//! ...     sections, each 4096-aligned, at the offsets the section table gives:
+//!         ALLOCATIONS   capacity × 40 B   NodeV1: one record per block (live or dead)
+//!         STACK_ENTRIES capacity × 16 B   StackEntryV1: hash, offset/depth into STACK_FRAMES
+//!         STACK_FRAMES  capacity × 8 B    return addresses, raw u64
+//!         STACK_COUNTERS STRIPES × stacks × 16 B  cumulative allocations per stack trace
+//!         THREADS       capacity × 128 B  ThreadSlotV1: op sequence, tid, name, counters
+//!         MODULES       capacity × 1024 B ModuleV1: path, load bias, build ID, PT_LOAD segments
+//! ```
+//!
+//! The design follows Fuchsia's heapdump (`src/performance/memory/heapdump/vmo`: a node pool of
+//! 40-byte records and append-only, deduplicated stack traces) with three changes: a header with
+//! magic, version and section table; no global writer lock; and timestamps on insert *and* erase,
+//! which give a reader a point-in-time view without a kernel copy-on-write snapshot (see
+//! `ARCHITECTURE.md` and [`crate::reader`]).
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// First eight bytes of every region.
+pub const MAGIC: [u8; 8] = *b"HEAPDUMP";
+/// The layout version this module describes.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Size of [`HeaderV1`] in bytes (one page).
+pub const HEADER_SIZE: usize = 4096;
+/// Alignment of every section's offset, in bytes.
+pub const SECTION_ALIGN: u64 = 4096;
+/// Most frames kept per stack trace.
+pub const MAX_FRAMES: usize = 64;
+/// Number of stripes of the per-stack cumulative counters (threads use slot % STRIPES).
+pub const STRIPES: usize = 4;
+/// `t_free` of a live block; also the `t_alloc` of a node being rewritten.
+pub const TIME_NONE: u64 = u64::MAX;
+/// A reader lease older than this (ns) is considered abandoned by writers.
+pub const LEASE_NS: u64 = 30_000_000_000;
+/// Bytes reserved for the executable path and for the command line in the header.
+pub const PATH_BYTES: usize = 1024;
+/// Most PT_LOAD segments recorded per module.
+pub const MAX_SEGMENTS: usize = 8;
+/// Longest build ID recorded (bytes).
+pub const MAX_BUILD_ID: usize = 32;
+/// Bytes for a module's path (NUL-padded).
+pub const MODULE_PATH_BYTES: usize = 1024 - 64 - MAX_SEGMENTS * 24;
+
+/// Section kinds, as stored in [`SectionV1::kind`].
+pub mod section {
+    /// [`super::NodeV1`] records.
+    pub const ALLOCATIONS: u32 = 1;
+    /// [`super::StackEntryV1`] records.
+    pub const STACK_ENTRIES: u32 = 2;
+    /// Raw `u64` return addresses.
+    pub const STACK_FRAMES: u32 = 3;
+    /// `STRIPES × capacity` [`super::StackCounterV1`] records.
+    pub const STACK_COUNTERS: u32 = 4;
+    /// [`super::ThreadSlotV1`] records.
+    pub const THREADS: u32 = 5;
+    /// [`super::ModuleV1`] records.
+    pub const MODULES: u32 = 6;
+    /// Number of section kinds in v1.
+    pub const COUNT: usize = 6;
+}
+
+/// One entry of the section table (32 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SectionV1 {
+    /// One of [`section`].
+    pub kind: u32,
+    /// Size of one entry in bytes.
+    pub entry_size: u32,
+    /// Byte offset of the section from the start of the region.
+    pub offset: u64,
+    /// Number of entries the section can hold.
+    pub capacity: u64,
+    /// Zero.
+    pub reserved: u64,
+}
+const _: () = assert!(size_of::<SectionV1>() == 32);
+
+/// The region header: one page at offset 0.
+///
+/// Immutable fields are written once before `state` becomes [`STATE_READY`]; atomics are updated
+/// while the process runs. Unused bytes are zero; later minor versions may give them meaning
+/// (readers must ignore them).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HeaderV1 {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LAYOUT_VERSION`].
+    pub layout_version: u32,
+    /// [`HEADER_SIZE`].
+    pub header_size: u32,
+    /// Total size of the region file in bytes.
+    pub region_size: u64,
+    /// Number of valid entries in `sections`.
+    pub section_count: u32,
+    /// `size_of::<SectionV1>()`.
+    pub section_entry_size: u32,
+    /// Process id of the writer.
+    pub pid: u32,
+    /// Zero.
+    pub flags: u32,
+    /// Process start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+    /// `CLOCK_REALTIME` when the region was created (ns since the Unix epoch).
+    pub created_realtime_ns: u64,
+    /// `CLOCK_MONOTONIC` when the region was created (ns); all other times use this clock.
+    pub created_monotonic_ns: u64,
+    /// Device and inode of `/proc/self/exe` at creation (tells images of one pid apart).
+    pub exe_dev: u64,
+    /// See `exe_dev`.
+    pub exe_ino: u64,
+    /// Requested-size sampling interval in bytes (0: every allocation recorded).
+    pub sample_interval: u64,
+    /// [`STATE_INITIALIZING`], [`STATE_READY`] or [`STATE_EXITED`].
+    pub state: AtomicU32,
+    /// Zero.
+    pub reserved0: u32,
+    _pad0: [u8; 128 - 96],
+    /// Reader lease: `CLOCK_MONOTONIC` ns at which a reader started, 0 when none.
+    pub lease: AtomicU64,
+    _pad1: [u8; 56],
+    /// Nodes of ALLOCATIONS handed out so far (bump cursor, multiples of a batch).
+    pub node_cursor: AtomicU64,
+    _pad2: [u8; 56],
+    /// Stack entries handed out so far.
+    pub stack_count: AtomicU64,
+    /// Frames of STACK_FRAMES handed out so far.
+    pub frame_cursor: AtomicU64,
+    /// Stack traces not recorded because a stack section was full.
+    pub dropped_stacks: AtomicU64,
+    _pad3: [u8; 40],
+    /// Thread slots ever used (high-water mark).
+    pub thread_count: AtomicU64,
+    /// Modules ever recorded.
+    pub module_count: AtomicU64,
+    /// Seqlock over the module table: odd while a writer changes it.
+    pub module_seq: AtomicU64,
+    /// Highest live bytes observed (sampled by writers every few hundred operations).
+    pub peak_live_bytes: AtomicU64,
+    _pad4: [u8; 32],
+    /// The section table.
+    pub sections: [SectionV1; 8],
+    _pad5: [u8; 1024 - 384 - 256],
+    /// Executable path, NUL-padded.
+    pub exe_path: [u8; PATH_BYTES],
+    /// Command line, arguments separated by NUL, NUL-padded (truncated).
+    pub cmdline: [u8; PATH_BYTES],
+    _reserved: [u8; 1024],
+}
+const _: () = assert!(size_of::<HeaderV1>() == HEADER_SIZE);
+const _: () = assert!(offset_of!(HeaderV1, state) == 88);
+const _: () = assert!(offset_of!(HeaderV1, lease) == 128);
+const _: () = assert!(offset_of!(HeaderV1, node_cursor) == 192);
+const _: () = assert!(offset_of!(HeaderV1, stack_count) == 256);
+const _: () = assert!(offset_of!(HeaderV1, thread_count) == 320);
+const _: () = assert!(offset_of!(HeaderV1, sections) == 384);
+const _: () = assert!(offset_of!(HeaderV1, exe_path) == 1024);
+const _: () = assert!(offset_of!(HeaderV1, cmdline) == 2048);
+
+/// `HeaderV1::state`: the writer is still laying out the region.
+pub const STATE_INITIALIZING: u32 = 0;
+/// `HeaderV1::state`: the region is in use.
+pub const STATE_READY: u32 = 1;
+/// `HeaderV1::state`: the process exited cleanly (region kept by `HEAPDUMP_KEEP=1`).
+pub const STATE_EXITED: u32 = 2;
+
+/// One record of the allocations table (40 bytes).
+///
+/// A node is live at time `T` iff `t_alloc <= T < t_free`. Writers publish with `t_alloc` last
+/// (Release); a node being rewritten has `t_alloc == TIME_NONE`, so `t_alloc` doubles as the
+/// node's seqlock. A zeroed node (`t_alloc == t_free == 0`) is never live.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NodeV1 {
+    /// Block address.
+    pub address: AtomicU64,
+    /// Requested size in bytes.
+    pub size: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the allocation.
+    pub t_alloc: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the free, [`TIME_NONE`] while live.
+    pub t_free: AtomicU64,
+    /// Stack entry id (index into STACK_ENTRIES), `u32::MAX` when none was recorded.
+    pub stack: AtomicU32,
+    /// OS thread id of the allocating thread.
+    pub thread: AtomicU32,
+}
+const _: () = assert!(size_of::<NodeV1>() == 40);
+
+/// One stack trace (16 bytes); frames are `depth` consecutive u64 at `frames_offset` in
+/// STACK_FRAMES, leaf (the caller of the allocation function) first.
+#[repr(C)]
+#[derive(Debug)]
+pub struct StackEntryV1 {
+    /// 64-bit hash of the frames.
+    pub hash: AtomicU64,
+    /// Index of the first frame in STACK_FRAMES.
+    pub frames_offset: AtomicU32,
+    /// Low 16 bits: depth; bit 31: published.
+    pub depth_flags: AtomicU32,
+}
+const _: () = assert!(size_of::<StackEntryV1>() == 16);
+/// `StackEntryV1::depth_flags` bit set once the entry is complete.
+pub const STACK_PUBLISHED: u32 = 1 << 31;
+
+/// Cumulative allocations of one stack trace in one stripe (16 bytes).
+#[repr(C)]
+#[derive(Debug)]
+pub struct StackCounterV1 {
+    /// Allocations made from this stack.
+    pub count: AtomicU64,
+    /// Bytes requested by those allocations.
+    pub bytes: AtomicU64,
+}
+const _: () = assert!(size_of::<StackCounterV1>() == 16);
+
+/// One thread slot (128 bytes, two cache lines written only by the owning thread).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct ThreadSlotV1 {
+    /// Operation sequence: odd while the owner is inside an insert or erase.
+    pub op_seq: AtomicU64,
+    /// OS thread id of the current (or last) owner.
+    pub tid: AtomicU32,
+    /// [`SLOT_FREE`], [`SLOT_USED`].
+    pub state: AtomicU32,
+    /// Thread name (`comm`, NUL-padded, 16 bytes).
+    pub name: [AtomicU64; 2],
+    /// Blocks recorded by owners of this slot.
+    pub allocs: AtomicU64,
+    /// Blocks erased by owners of this slot.
+    pub frees: AtomicU64,
+    /// Bytes of blocks recorded.
+    pub alloc_bytes: AtomicU64,
+    /// Bytes of blocks erased.
+    pub free_bytes: AtomicU64,
+    /// Blocks not recorded because the allocations table was full.
+    pub dropped: AtomicU64,
+    _reserved: [u64; 7],
+}
+const _: () = assert!(size_of::<ThreadSlotV1>() == 128);
+/// `ThreadSlotV1::state`: never used or released by an exited thread.
+pub const SLOT_FREE: u32 = 0;
+/// `ThreadSlotV1::state`: owned by a running thread.
+pub const SLOT_USED: u32 = 1;
+
+/// One PT_LOAD segment of a module (24 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentV1 {
+    /// `p_vaddr`.
+    pub vaddr: u64,
+    /// `p_memsz`.
+    pub memsz: u64,
+    /// `p_offset` in the low 56 bits, `p_flags` (PF_X = 1) in the top 8.
+    pub offset_flags: u64,
+}
+
+/// One loaded (or unloaded) module (1024 bytes). Written under `HeaderV1::module_seq`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ModuleV1 {
+    /// Load bias (`dlpi_addr`): runtime address = bias + ELF virtual address.
+    pub base: u64,
+    /// [`MODULE_EMPTY`], [`MODULE_LOADED`], [`MODULE_UNLOADED`].
+    pub state: u32,
+    /// Length of `path` in bytes.
+    pub path_len: u16,
+    /// Length of `build_id` in bytes.
+    pub build_id_len: u8,
+    /// Number of valid `segments`.
+    pub segment_count: u8,
+    /// Zero.
+    pub reserved: [u64; 2],
+    /// GNU build ID.
+    pub build_id: [u8; MAX_BUILD_ID],
+    /// PT_LOAD segments.
+    pub segments: [SegmentV1; MAX_SEGMENTS],
+    /// Absolute path of the ELF file.
+    pub path: [u8; MODULE_PATH_BYTES],
+}
+const _: () = assert!(size_of::<ModuleV1>() == 1024);
+/// `ModuleV1::state`: unused entry.
+pub const MODULE_EMPTY: u32 = 0;
+/// `ModuleV1::state`: mapped.
+pub const MODULE_LOADED: u32 = 1;
+/// `ModuleV1::state`: was mapped, then `dlclose`d.
+pub const MODULE_UNLOADED: u32 = 2;
+
+/// How big each section is; chosen by the writer when it creates a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacities {
+    /// Records in the allocations table (live blocks plus recently freed ones).
+    pub nodes: u64,
+    /// Distinct stack traces.
+    pub stacks: u64,
+    /// Frames over all stack traces.
+    pub frames: u64,
+    /// Thread slots (threads alive at once).
+    pub threads: u64,
+    /// Modules ever loaded.
+    pub modules: u64,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Capacities {
+            nodes: 64 << 20,
+            stacks: 1 << 20,
+            frames: 24 << 20,
+            threads: 8192,
+            modules: 1024,
+        }
+    }
+}
+
+/// Byte offsets of every section for the given capacities, and the total region size.
+///
+/// Returns the section table (in [`section`] order) and the region size in bytes.
+pub fn plan(c: &Capacities) -> ([SectionV1; section::COUNT], u64) {
+    let specs: [(u32, u32, u64); section::COUNT] = [
+        (section::ALLOCATIONS, size_of::<NodeV1>() as u32, c.nodes),
+        (section::STACK_ENTRIES, size_of::<StackEntryV1>() as u32, c.stacks),
+        (section::STACK_FRAMES, 8, c.frames),
+        (
+            section::STACK_COUNTERS,
+            size_of::<StackCounterV1>() as u32,
+            c.stacks * STRIPES as u64,
+        ),
+        (section::THREADS, size_of::<ThreadSlotV1>() as u32, c.threads),
+        (section::MODULES, size_of::<ModuleV1>() as u32, c.modules),
+    ];
+    let mut out = [SectionV1::default(); section::COUNT];
+    let mut offset = HEADER_SIZE as u64;
+    for (i, (kind, entry_size, capacity)) in specs.into_iter().enumerate() {
+        out[i] = SectionV1 {
+            kind,
+            entry_size,
+            offset,
+            capacity,
+            reserved: 0,
+        };
+        offset += (entry_size as u64 * capacity).div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
+    }
+    (out, offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_pinned() {
+        assert_eq!(size_of::<HeaderV1>(), 4096);
+        assert_eq!(size_of::<NodeV1>(), 40);
+        assert_eq!(size_of::<ThreadSlotV1>(), 128);
+        assert_eq!(size_of::<ModuleV1>(), 1024);
+    }
+
+    #[test]
+    fn plan_is_aligned_and_disjoint() {
+        let (s, total) = plan(&Capacities::default());
+        let mut end = HEADER_SIZE as u64;
+        for sec in s {
+            assert_eq!(sec.offset % SECTION_ALIGN, 0);
+            assert!(sec.offset >= end);
+            end = sec.offset + sec.entry_size as u64 * sec.capacity;
+        }
+        assert!(total >= end);
+    }
+}

@@ -1,0 +1,342 @@
+//! The writer side: lays out a fresh region and performs the insert/erase protocol on it.
+//!
+//! Nothing here allocates, locks or makes a system call; the shim calls these functions from
+//! inside `malloc`. Concurrency contract (see `ARCHITECTURE.md`):
+//!
+//! * a node is written only by the thread that took it from the pool (or erases it);
+//! * every insert or erase runs between [`RegionWriter::op_begin`] and [`RegionWriter::op_end`]
+//!   on the calling thread's own slot, and reads its timestamp *inside* that window;
+//! * a dead node is rewritten only when [`RegionWriter::node_reusable`] says no reader may
+//!   still need it.
+
+use crate::clock::{now_ns, realtime_ns};
+use crate::v1::*;
+use std::mem::size_of;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// Who the writer is; stored in the header.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessIdentity<'a> {
+    /// Process id.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/self/stat` field 22).
+    pub start_ticks: u64,
+    /// `st_dev` of `/proc/self/exe`.
+    pub exe_dev: u64,
+    /// `st_ino` of `/proc/self/exe`.
+    pub exe_ino: u64,
+    /// Executable path (truncated to [`PATH_BYTES`] - 1).
+    pub exe_path: &'a [u8],
+    /// Command line, NUL-separated (truncated).
+    pub cmdline: &'a [u8],
+    /// Sampling interval in bytes, 0 when every allocation is recorded.
+    pub sample_interval: u64,
+}
+
+/// Handle on a mapped region for the process that owns it. `Copy`: it is a pointer and offsets.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionWriter {
+    base: *mut u8,
+    sections: [SectionV1; section::COUNT],
+}
+
+// SAFETY: the region is shared memory accessed only through atomics (or, for the module
+// table, under the writer's own lock plus the module seqlock); the raw pointer stays valid for
+// the life of the mapping, which the shim never unmaps.
+unsafe impl Send for RegionWriter {}
+// SAFETY: see `Send`.
+unsafe impl Sync for RegionWriter {}
+
+impl RegionWriter {
+    /// Lays out a new region in `base[..len]` and returns its writer.
+    ///
+    /// Returns `None` when `len` is smaller than the plan for `caps` needs.
+    ///
+    /// # Safety
+    /// `base` must point to a writable, zero-filled, page-aligned shared mapping of `len` bytes
+    /// that stays mapped for the rest of the process and that no one else writes yet.
+    pub unsafe fn create(
+        base: *mut u8,
+        len: u64,
+        caps: &Capacities,
+        id: &ProcessIdentity<'_>,
+    ) -> Option<Self> {
+        let (sections, total) = plan(caps);
+        if total > len {
+            return None;
+        }
+        // SAFETY: the caller guarantees `base` is a writable, aligned mapping of at least
+        // HEADER_SIZE bytes (total > HEADER_SIZE) that no one else accesses yet.
+        let h = unsafe { &mut *(base as *mut HeaderV1) };
+        h.magic = MAGIC;
+        h.layout_version = LAYOUT_VERSION;
+        h.header_size = HEADER_SIZE as u32;
+        h.region_size = len;
+        h.section_count = section::COUNT as u32;
+        h.section_entry_size = size_of::<SectionV1>() as u32;
+        h.pid = id.pid;
+        h.start_ticks = id.start_ticks;
+        h.created_realtime_ns = realtime_ns();
+        h.created_monotonic_ns = now_ns();
+        h.exe_dev = id.exe_dev;
+        h.exe_ino = id.exe_ino;
+        h.sample_interval = id.sample_interval;
+        h.sections[..section::COUNT].copy_from_slice(&sections);
+        copy_truncated(&mut h.exe_path, id.exe_path);
+        copy_truncated(&mut h.cmdline, id.cmdline);
+        Some(RegionWriter { base, sections })
+    }
+
+    /// Marks the region ready for readers (Release: everything written before is visible).
+    pub fn set_state(&self, state: u32) {
+        self.header().state.store(state, Ordering::Release);
+    }
+
+    /// The region header.
+    pub fn header(&self) -> &HeaderV1 {
+        // SAFETY: `create` checked the mapping holds a header; shared fields are atomics.
+        unsafe { &*(self.base as *const HeaderV1) }
+    }
+
+    fn entry<T>(&self, kind: u32, index: u64) -> &T {
+        let s = &self.sections[kind as usize - 1];
+        debug_assert!(index < s.capacity);
+        // SAFETY: callers pass `index < capacity` (checked by every public caller); the section
+        // lies inside the mapping (checked by `create`), and T is made of atomics.
+        unsafe { &*(self.base.add((s.offset + index * s.entry_size as u64) as usize) as *const T) }
+    }
+
+    fn capacity(&self, kind: u32) -> u64 {
+        self.sections[kind as usize - 1].capacity
+    }
+
+    // ---- allocations table -------------------------------------------------------------
+
+    /// Number of nodes the allocations table holds.
+    pub fn node_capacity(&self) -> u64 {
+        self.capacity(section::ALLOCATIONS)
+    }
+
+    /// Takes `n` never-used nodes from the pool: returns `[start, end)`, shorter than `n` near the
+    /// end, `None` when the pool is exhausted.
+    pub fn claim_nodes(&self, n: u64) -> Option<(u64, u64)> {
+        let cap = self.node_capacity();
+        let h = self.header();
+        if h.node_cursor.load(Ordering::Relaxed) >= cap {
+            return None;
+        }
+        let start = h.node_cursor.fetch_add(n, Ordering::Relaxed);
+        if start >= cap {
+            return None;
+        }
+        Some((start, (start + n).min(cap)))
+    }
+
+    /// The node at `index` (< [`Self::node_capacity`]).
+    pub fn node(&self, index: u32) -> &NodeV1 {
+        assert!((index as u64) < self.node_capacity());
+        self.entry(section::ALLOCATIONS, index as u64)
+    }
+
+    /// Writes a live block into node `index` with allocation time `t` (ns).
+    ///
+    /// Seqlock order: `t_alloc = TIME_NONE` first, fields, then `t_alloc = t` (Release).
+    pub fn publish_node(&self, index: u32, address: u64, size: u64, stack: u32, tid: u32, t: u64) {
+        let n = self.node(index);
+        n.t_alloc.store(TIME_NONE, Ordering::Relaxed);
+        fence(Ordering::Release);
+        n.address.store(address, Ordering::Relaxed);
+        n.size.store(size, Ordering::Relaxed);
+        n.stack.store(stack, Ordering::Relaxed);
+        n.thread.store(tid, Ordering::Relaxed);
+        n.t_free.store(TIME_NONE, Ordering::Relaxed);
+        n.t_alloc.store(t, Ordering::Release);
+    }
+
+    /// Marks node `index` freed at `t` (ns) and returns its size in bytes.
+    pub fn erase_node(&self, index: u32, t: u64) -> u64 {
+        let n = self.node(index);
+        n.t_free.store(t, Ordering::Release);
+        n.size.load(Ordering::Relaxed)
+    }
+
+    /// Whether dead node `index` may be rewritten now (`now` = the caller's timestamp, ns):
+    /// true unless a reader that started before the node died may still be copying.
+    pub fn node_reusable(&self, index: u32, now: u64) -> bool {
+        let t_free = self.node(index).t_free.load(Ordering::Relaxed);
+        let lease = self.header().lease.load(Ordering::SeqCst);
+        lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS
+    }
+
+    // ---- threads ----------------------------------------------------------------------
+
+    /// Thread slot `index` (< thread capacity).
+    pub fn thread(&self, index: u32) -> &ThreadSlotV1 {
+        assert!((index as u64) < self.capacity(section::THREADS));
+        self.entry(section::THREADS, index as u64)
+    }
+
+    /// Claims a free thread slot for OS thread `tid` (with `name`, 16 bytes), or `None` if all
+    /// are taken.
+    pub fn claim_thread(&self, tid: u32, name: &[u8; 16]) -> Option<u32> {
+        let cap = self.capacity(section::THREADS);
+        for i in 0..cap as u32 {
+            let slot = self.thread(i);
+            if slot.state.load(Ordering::Relaxed) == SLOT_FREE
+                && slot
+                    .state
+                    .compare_exchange(SLOT_FREE, SLOT_USED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                slot.tid.store(tid, Ordering::Relaxed);
+                self.set_thread_name(i, name);
+                self.header()
+                    .thread_count
+                    .fetch_max(i as u64 + 1, Ordering::Release);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Stores the thread name of slot `index`.
+    pub fn set_thread_name(&self, index: u32, name: &[u8; 16]) {
+        let slot = self.thread(index);
+        let (a, b) = name.split_at(8);
+        slot.name[0].store(u64::from_ne_bytes(a.try_into().unwrap()), Ordering::Relaxed);
+        slot.name[1].store(u64::from_ne_bytes(b.try_into().unwrap()), Ordering::Relaxed);
+    }
+
+    /// Returns slot `index` to the pool (its counters stay, cumulative).
+    pub fn release_thread(&self, index: u32) {
+        self.thread(index).state.store(SLOT_FREE, Ordering::Release);
+    }
+
+    /// Starts an insert/erase on the caller's own slot. Read the operation's timestamp after
+    /// this returns. SeqCst: a reader that saw the slot idle reads its clock before ours.
+    #[inline]
+    pub fn op_begin(slot: &ThreadSlotV1) {
+        let s = slot.op_seq.load(Ordering::Relaxed);
+        slot.op_seq.store(s | 1, Ordering::SeqCst);
+    }
+
+    /// Ends the operation started by [`Self::op_begin`] (Release: its writes are visible to a
+    /// reader that sees the slot idle).
+    #[inline]
+    pub fn op_end(slot: &ThreadSlotV1) {
+        let s = slot.op_seq.load(Ordering::Relaxed);
+        slot.op_seq.store((s | 1) + 1, Ordering::Release);
+    }
+
+    /// Adds to the live-bytes high-water mark from the thread counters (a sum over every slot:
+    /// call it rarely).
+    pub fn update_peak(&self) {
+        let n = self.header().thread_count.load(Ordering::Acquire);
+        let (mut a, mut f) = (0u64, 0u64);
+        for i in 0..n as u32 {
+            let s = self.thread(i);
+            a = a.wrapping_add(s.alloc_bytes.load(Ordering::Relaxed));
+            f = f.wrapping_add(s.free_bytes.load(Ordering::Relaxed));
+        }
+        self.header()
+            .peak_live_bytes
+            .fetch_max(a.saturating_sub(f), Ordering::Relaxed);
+    }
+
+    // ---- stack traces -----------------------------------------------------------------
+
+    /// Appends a stack trace (`frames`, leaf first, at most [`MAX_FRAMES`]) and returns its id;
+    /// `None` when a stack section is full (counted in `dropped_stacks`). Does not deduplicate:
+    /// the caller's index does.
+    pub fn append_stack(&self, hash: u64, frames: &[u64]) -> Option<u32> {
+        let h = self.header();
+        let frames = &frames[..frames.len().min(MAX_FRAMES)];
+        let id = h.stack_count.fetch_add(1, Ordering::Relaxed);
+        let off = h.frame_cursor.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        if id >= self.capacity(section::STACK_ENTRIES).min(u32::MAX as u64 - 1)
+            || off + frames.len() as u64 > self.capacity(section::STACK_FRAMES)
+        {
+            h.dropped_stacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        for (i, f) in frames.iter().enumerate() {
+            self.entry::<AtomicU64>(section::STACK_FRAMES, off + i as u64)
+                .store(*f, Ordering::Relaxed);
+        }
+        let e: &StackEntryV1 = self.entry(section::STACK_ENTRIES, id);
+        e.hash.store(hash, Ordering::Relaxed);
+        e.frames_offset.store(off as u32, Ordering::Relaxed);
+        e.depth_flags
+            .store(frames.len() as u32 | STACK_PUBLISHED, Ordering::Release);
+        Some(id as u32)
+    }
+
+    /// Whether stack `id` holds exactly `frames`.
+    pub fn stack_equals(&self, id: u32, frames: &[u64]) -> bool {
+        if id as u64 >= self.capacity(section::STACK_ENTRIES) {
+            return false;
+        }
+        let e: &StackEntryV1 = self.entry(section::STACK_ENTRIES, id as u64);
+        let df = e.depth_flags.load(Ordering::Acquire);
+        if df & STACK_PUBLISHED == 0 || (df & 0xffff) as usize != frames.len() {
+            return false;
+        }
+        let off = e.frames_offset.load(Ordering::Relaxed) as u64;
+        frames.iter().enumerate().all(|(i, f)| {
+            self.entry::<AtomicU64>(section::STACK_FRAMES, off + i as u64)
+                .load(Ordering::Relaxed)
+                == *f
+        })
+    }
+
+    /// Counts one allocation of `bytes` from stack `id` in counter stripe `stripe`.
+    #[inline]
+    pub fn count_alloc(&self, id: u32, stripe: usize, bytes: u64) {
+        let stacks = self.capacity(section::STACK_ENTRIES);
+        if id as u64 >= stacks {
+            return;
+        }
+        let c: &StackCounterV1 = self.entry(
+            section::STACK_COUNTERS,
+            (stripe % STRIPES) as u64 * stacks + id as u64,
+        );
+        c.count.fetch_add(1, Ordering::Relaxed);
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    // ---- modules ------------------------------------------------------------------------
+
+    /// Number of module entries the table holds.
+    pub fn module_capacity(&self) -> u64 {
+        self.capacity(section::MODULES)
+    }
+
+    /// Runs `f` with mutable access to the module table (entries `[0, capacity)`) and the
+    /// module count, inside the module seqlock.
+    ///
+    /// # Safety
+    /// Only one thread at a time may call this (the caller holds its own lock).
+    pub unsafe fn with_modules<R>(&self, f: impl FnOnce(&mut [ModuleV1], &AtomicU64) -> R) -> R {
+        let h = self.header();
+        let s = h.module_seq.load(Ordering::Relaxed);
+        h.module_seq.store(s | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        let sec = &self.sections[section::MODULES as usize - 1];
+        // SAFETY: the section lies in the mapping; the caller guarantees exclusive writers;
+        // readers in other processes copy under the seqlock and validate what they read.
+        let table = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.add(sec.offset as usize) as *mut ModuleV1,
+                sec.capacity as usize,
+            )
+        };
+        let r = f(table, &h.module_count);
+        h.module_seq.store((s | 1) + 1, Ordering::Release);
+        r
+    }
+}
+
+fn copy_truncated(dst: &mut [u8], src: &[u8]) {
+    let n = src.len().min(dst.len() - 1);
+    dst[..n].copy_from_slice(&src[..n]);
+}
