@@ -1,1 +1,273 @@
-fn main() {}
+//! `heapdump`: the collector.
+//!
+//! Modules: [`cli`] (argument parsing), [`regions`] (finding and opening region files safely),
+//! [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym), [`pprof`] (profile
+//! building and writing).
+
+mod cli;
+mod pprof;
+mod regions;
+mod snapshot;
+mod symbolize;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use cli::{Cli, Command, ListArgs, RunArgs, SnapshotProps, Target};
+use regions::{Liveness, RegionFile};
+use std::path::PathBuf;
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::List(a) => list(a),
+        Command::Snapshot(a) => snapshot(a.into()),
+        Command::Run(a) => run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("heapdump: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// A region file with its header read.
+struct Entry {
+    file: RegionFile,
+    info: Option<vmo_layout::RegionInfo>,
+    error: Option<String>,
+    liveness: Liveness,
+}
+
+fn scan() -> Result<Vec<Entry>> {
+    let dir = regions::region_dir();
+    let files = regions::list_files(&dir)?;
+    let mut out = Vec::new();
+    for f in &files {
+        let newer = regions::has_newer(&files, f);
+        match regions::open(&f.path).and_then(|o| Ok(o.region()?.info())) {
+            Ok(info) => {
+                let liveness = regions::liveness(&info, f, newer);
+                out.push(Entry { file: f.clone(), info: Some(info), error: None, liveness });
+            }
+            Err(e) => out.push(Entry {
+                file: f.clone(),
+                info: None,
+                error: Some(format!("{e:#}")),
+                liveness: Liveness::Exited,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+fn list(a: ListArgs) -> Result<()> {
+    let entries = scan()?;
+    if a.json {
+        let v: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| match &e.info {
+                Some(i) => serde_json::json!({
+                    "pid": e.file.pid,
+                    "command": regions::command_name(i),
+                    "cmdline": i.cmdline,
+                    "executable": i.exe_path,
+                    "status": e.liveness.as_str(),
+                    "live_bytes": i.counters.live_bytes,
+                    "live_blocks": i.counters.live_blocks,
+                    "allocations": i.counters.allocs,
+                    "frees": i.counters.frees,
+                    "peak_live_bytes": i.counters.peak_live_bytes,
+                    "dropped_blocks": i.counters.dropped_blocks,
+                    "dropped_stacks": i.counters.dropped_stacks,
+                    "threads": i.counters.threads,
+                    "layout_version": i.version,
+                    "region": e.file.path,
+                }),
+                None => serde_json::json!({
+                    "pid": e.file.pid,
+                    "region": e.file.path,
+                    "error": e.error,
+                }),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  COMMAND",
+        "PID", "STATUS", "LIVE BYTES", "BLOCKS", "DROPPED", "VER"
+    );
+    for e in &entries {
+        match &e.info {
+            Some(i) => println!(
+                "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  {}",
+                e.file.pid,
+                e.liveness.as_str(),
+                i.counters.live_bytes,
+                i.counters.live_blocks,
+                i.counters.dropped_blocks,
+                i.version,
+                i.cmdline.join(" ")
+            ),
+            None => println!(
+                "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  ({})",
+                e.file.pid,
+                "?",
+                "-",
+                "-",
+                "-",
+                "-",
+                e.error.as_deref().unwrap_or("")
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
+    match target {
+        Target::File(p) => Ok((p.clone(), None)),
+        Target::Pid(pid) => {
+            let files = regions::list_files(&regions::region_dir())?;
+            let mut mine: Vec<&RegionFile> = files.iter().filter(|f| f.pid == *pid).collect();
+            if mine.is_empty() {
+                if regions::proc_start_ticks(*pid).is_some() {
+                    bail!(
+                        "process {pid} is not instrumented (no region in {}); start it with `heapdump run` or LD_PRELOAD=libheapdump.so",
+                        regions::region_dir().display()
+                    );
+                }
+                bail!("no such process: {pid} (and no region left by it)");
+            }
+            // Prefer the region of the image running now; else the newest.
+            let now = regions::proc_start_ticks(*pid);
+            mine.sort_by_key(|f| (Some(f.start_ticks) == now, f.created_ns));
+            let f = mine.last().unwrap();
+            Ok((f.path.clone(), Some((*f).clone())))
+        }
+        Target::Name(name) => {
+            let entries = scan()?;
+            let matches: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| {
+                    e.info.as_ref().is_some_and(|i| {
+                        regions::command_name(i) == *name
+                            || std::path::Path::new(&i.exe_path)
+                                .file_name()
+                                .is_some_and(|f| f.to_string_lossy() == *name)
+                    })
+                })
+                .collect();
+            let alive: Vec<&&Entry> = matches.iter().filter(|e| e.liveness == Liveness::Alive).collect();
+            let chosen: Vec<&Entry> = if alive.len() == 1 { vec![alive[0]] } else { matches.clone() };
+            match chosen.as_slice() {
+                [] => bail!("no instrumented process named {name:?} (see `heapdump list`)"),
+                [one] => Ok((one.file.path.clone(), Some(one.file.clone()))),
+                many => {
+                    let list: Vec<String> = many
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "  pid {} ({}): {}",
+                                e.file.pid,
+                                e.liveness.as_str(),
+                                e.info.as_ref().map(|i| i.cmdline.join(" ")).unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    bail!(
+                        "{name:?} matches {} processes; pick one with --by-pid:\n{}",
+                        many.len(),
+                        list.join("\n")
+                    )
+                }
+            }
+        }
+    }
+}
+
+fn snapshot(p: SnapshotProps) -> Result<()> {
+    let (path, file) = pick(&p.target)?;
+    let opened = regions::open(&path)?;
+    let info = opened.region()?.info();
+    let liveness = match &file {
+        Some(f) => {
+            let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
+            regions::liveness(&info, f, regions::has_newer(&files, f))
+        }
+        None => {
+            let name = path.file_name().and_then(|n| n.to_str()).and_then(regions::parse_name);
+            match name {
+                Some((pid, ticks, created_ns)) => {
+                    let f = RegionFile { path: path.clone(), pid, start_ticks: ticks, created_ns };
+                    regions::liveness(&info, &f, false)
+                }
+                None => Liveness::Exited,
+            }
+        }
+    };
+    let c = snapshot::collect(&opened, liveness, p.with_tags)?;
+    for w in &c.meta.warnings {
+        eprintln!("heapdump: warning: {w}");
+    }
+    let profile = pprof::build(&c, pprof::Options { with_tags: p.with_tags, symbolize: p.symbolize });
+    pprof::write(&profile, &p.output)?;
+    eprintln!(
+        "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
+        c.info.pid,
+        regions::command_name(&c.info),
+        liveness.as_str(),
+        c.meta.blocks,
+        c.meta.bytes,
+        p.output.display()
+    );
+    Ok(())
+}
+
+fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("HEAPDUMP_LIB").map(PathBuf::from)) {
+        if !p.exists() {
+            bail!("shim {} does not exist", p.display());
+        }
+        return Ok(std::fs::canonicalize(&p)?);
+    }
+    let exe = std::env::current_exe().context("cannot find the heapdump executable")?;
+    let dir = exe.parent().context("heapdump executable has no directory")?;
+    for cand in [dir.join("libheapdump.so"), dir.join("../lib/libheapdump.so"), dir.join("../libheapdump.so")] {
+        if cand.exists() {
+            return Ok(std::fs::canonicalize(cand)?);
+        }
+    }
+    bail!(
+        "cannot find libheapdump.so next to {} (build it with `cargo build --release`, or pass --lib)",
+        exe.display()
+    )
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    let lib = shim_path(a.lib)?;
+    let mut preload = lib.as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
+    if a.keep {
+        cmd.env("HEAPDUMP_KEEP", "1");
+    }
+    // Let the child handle Ctrl-C; we report its status.
+    // SAFETY: setting the disposition of SIGINT/SIGQUIT to ignore in this process.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {}", a.command[0].to_string_lossy()))?;
+    let status = child.wait()?;
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(status.code().unwrap_or(1));
+}

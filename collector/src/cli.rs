@@ -1,0 +1,114 @@
+//! Command-line parsing (clap derive), converted into plain structs the commands take.
+
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// heapdump: a heap profiler for Linux. Records every live allocation of a program into shared
+/// memory (via LD_PRELOAD or a Rust #[global_allocator]) and snapshots it, from outside and
+/// without stopping the program, into a symbolized pprof profile.
+#[derive(Debug, Parser)]
+#[command(name = "heapdump", version, propagate_version = true)]
+#[command(after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID).")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List instrumented processes (running and exited) whose regions exist.
+    List(ListArgs),
+    /// Snapshot the live allocations of a process into a gzip-compressed pprof profile.
+    Snapshot(SnapshotArgs),
+    /// Run a command with the heapdump shim preloaded; exits with the command's status.
+    Run(RunArgs),
+}
+
+/// `heapdump list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print JSON (one array of objects) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `heapdump snapshot`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name", "region"])))]
+pub struct SnapshotArgs {
+    /// Process id of the target (its current image's region).
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target (argv[0]'s or the executable's file name); must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// Read this region file directly.
+    #[arg(long, value_name = "FILE")]
+    pub region: Option<PathBuf>,
+    /// Output file (gzip-compressed pprof).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// One sample per live block, labelled address, bytes, timestamp (ns) and thread.
+    #[arg(long)]
+    pub with_tags: bool,
+    /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).
+    #[arg(long)]
+    pub no_symbolize: bool,
+}
+
+/// `heapdump run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Keep the region after a clean exit (HEAPDUMP_KEEP=1), to snapshot what was still live.
+    #[arg(long)]
+    pub keep: bool,
+    /// The shim to preload (default: libheapdump.so next to this executable, or $HEAPDUMP_LIB).
+    #[arg(long, value_name = "FILE")]
+    pub lib: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// How to pick the region to snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// By process id.
+    Pid(u32),
+    /// By command name.
+    Name(String),
+    /// A region file.
+    File(PathBuf),
+}
+
+/// What `heapdump snapshot` does.
+#[derive(Debug, Clone)]
+pub struct SnapshotProps {
+    /// Which region.
+    pub target: Target,
+    /// Output path.
+    pub output: PathBuf,
+    /// Per-block samples.
+    pub with_tags: bool,
+    /// Symbolize in the collector.
+    pub symbolize: bool,
+}
+
+impl From<SnapshotArgs> for SnapshotProps {
+    fn from(a: SnapshotArgs) -> Self {
+        let target = match (a.by_pid, a.by_name, a.region) {
+            (Some(p), _, _) => Target::Pid(p),
+            (_, Some(n), _) => Target::Name(n),
+            (_, _, Some(f)) => Target::File(f),
+            _ => unreachable!("clap requires one target"),
+        };
+        SnapshotProps {
+            target,
+            output: a.output,
+            with_tags: a.with_tags,
+            symbolize: !a.no_symbolize,
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Building a pprof profile from a snapshot.
+//!
+//! Follows google/pprof `proto/profile.proto` and the conventions of Go's heap profiles
+//! (`runtime/pprof/protomem.go`): sample types `alloc_objects/count`, `alloc_space/bytes`,
+//! `inuse_objects/count`, `inuse_space/bytes` with `inuse_space` the default; a numeric label
+//! `bytes` with the block size; `string_table[0] == ""`; ids from 1; locations at the call
+//! instruction (return address − 1).
+
+use crate::snapshot::Collected;
+use crate::symbolize::{module_of, symbolize, Resolved};
+use heapdump_proto as pb;
+use std::collections::HashMap;
+
+/// Regex (pprof `drop_frames`) matching the shim's own frames; the collector also strips them.
+pub const DROP_FRAMES: &str = r"(heapdump_instrumentation::.*|<heapdump_instrumentation::.*|__rust_(alloc|alloc_zeroed|realloc|dealloc)|__rg_(alloc|alloc_zeroed|realloc|dealloc)|__rdl_(alloc|alloc_zeroed|realloc|dealloc))";
+
+/// How to build the profile.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// One sample per live block, labelled address, bytes, timestamp, thread.
+    pub with_tags: bool,
+    /// Resolve function names, files and lines (else pprof may do it from the mappings).
+    pub symbolize: bool,
+}
+
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        Strings {
+            table: vec![String::new()],
+            index: HashMap::from([(String::new(), 0)]),
+        }
+    }
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
+    if let Some(m) = r.module {
+        if modules[m].path.ends_with("/libheapdump.so") {
+            return true;
+        }
+    }
+    r.frames.last().is_some_and(|f| {
+        let n = f.function.as_str();
+        n.starts_with("heapdump_instrumentation::")
+            || n.starts_with("<heapdump_instrumentation::")
+            || matches!(
+                n,
+                "__rust_alloc" | "__rust_alloc_zeroed" | "__rust_realloc" | "__rust_dealloc"
+                    | "__rg_alloc" | "__rg_alloc_zeroed" | "__rg_realloc" | "__rg_dealloc"
+                    | "__rdl_alloc" | "__rdl_alloc_zeroed" | "__rdl_realloc" | "__rdl_dealloc"
+            )
+    })
+}
+
+/// Builds the profile.
+pub fn build(c: &Collected, opts: Options) -> pb::Profile {
+    let mut s = Strings::new();
+    let mut p = pb::Profile::default();
+    for (t, u) in [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ] {
+        p.sample_type.push(pb::ValueType { r#type: s.id(t), unit: s.id(u) });
+    }
+    p.default_sample_type = s.id("inuse_space");
+    p.period_type = Some(pb::ValueType { r#type: s.id("space"), unit: s.id("bytes") });
+    p.period = c.info.sample_interval.max(1) as i64;
+    p.time_nanos = c.time_realtime_ns as i64;
+    p.drop_frames = s.id(DROP_FRAMES);
+
+    // Addresses to resolve: call sites (return address - 1).
+    let mut addrs: Vec<u64> = c
+        .stacks
+        .values()
+        .flatten()
+        .map(|pc| pc.wrapping_sub(1))
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let resolved: HashMap<u64, Resolved> = if opts.symbolize {
+        symbolize(&c.modules, &addrs)
+    } else {
+        addrs
+            .iter()
+            .map(|&a| (a, Resolved { module: module_of(&c.modules, a), frames: Vec::new() }))
+            .collect()
+    };
+
+    // Mappings: the main executable first, then modules in table order.
+    let mut order: Vec<usize> = (0..c.modules.len()).collect();
+    order.sort_by_key(|&i| c.modules[i].path != c.info.exe_path);
+    let mut mapping_id: HashMap<usize, u64> = HashMap::new();
+    let mut symbolized_module: HashMap<usize, bool> = HashMap::new();
+    for r in resolved.values() {
+        if let Some(m) = r.module {
+            *symbolized_module.entry(m).or_default() |= !r.frames.is_empty();
+        }
+    }
+    for i in order {
+        let Some(&has) = symbolized_module.get(&i) else { continue };
+        let m = &c.modules[i];
+        let seg = m
+            .segments
+            .iter()
+            .find(|s| (s.offset_flags >> 56) & 1 == 1)
+            .or(m.segments.first())
+            .copied()
+            .unwrap_or_default();
+        let start = m.base.wrapping_add(seg.vaddr);
+        let id = p.mapping.len() as u64 + 1;
+        p.mapping.push(pb::Mapping {
+            id,
+            memory_start: start & !0xfff,
+            memory_limit: start.wrapping_add(seg.memsz),
+            file_offset: (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+            filename: s.id(&m.path),
+            build_id: s.id(&hex(&m.build_id)),
+            has_functions: has,
+            has_filenames: has,
+            has_line_numbers: has,
+            has_inline_frames: has,
+        });
+        mapping_id.insert(i, id);
+    }
+
+    // Locations and functions.
+    let mut loc_id: HashMap<u64, u64> = HashMap::new();
+    let mut fn_id: HashMap<(String, String), u64> = HashMap::new();
+    for &a in &addrs {
+        let r = &resolved[&a];
+        let mut lines = Vec::with_capacity(r.frames.len());
+        for f in &r.frames {
+            let key = (f.function.clone(), f.file.clone());
+            let next = fn_id.len() as u64 + 1;
+            let fid = *fn_id.entry(key).or_insert_with(|| {
+                p.function.push(pb::Function {
+                    id: next,
+                    name: s.id(&f.function),
+                    system_name: s.id(&f.function),
+                    filename: s.id(&f.file),
+                    start_line: 0,
+                });
+                next
+            });
+            lines.push(pb::Line { function_id: fid, line: f.line as i64 });
+        }
+        let id = p.location.len() as u64 + 1;
+        p.location.push(pb::Location {
+            id,
+            mapping_id: r.module.and_then(|m| mapping_id.get(&m).copied()).unwrap_or(0),
+            address: a,
+            line: lines,
+            is_folded: false,
+        });
+        loc_id.insert(a, id);
+    }
+
+    // Stack id -> location ids with the shim's own leaf frames stripped.
+    let locations_of = |stack: u32| -> Vec<u64> {
+        let Some(frames) = c.stacks.get(&stack) else { return Vec::new() };
+        let addrs: Vec<u64> = frames.iter().map(|pc| pc.wrapping_sub(1)).collect();
+        let skip = addrs
+            .iter()
+            .take_while(|a| is_shim_frame(&resolved[a], &c.modules))
+            .count();
+        addrs[skip..].iter().map(|a| loc_id[a]).collect()
+    };
+    let thread_names: HashMap<u32, &str> =
+        c.threads.iter().map(|t| (t.tid, t.name.as_str())).collect();
+    let thread_label = |s: &mut Strings, tid: u32| -> pb::Label {
+        let name = thread_names.get(&tid).copied().unwrap_or("");
+        pb::Label {
+            key: s.id("thread"),
+            str: s.id(&format!("{name} ({tid})")),
+            ..Default::default()
+        }
+    };
+    let bytes_label = |s: &mut Strings, n: u64| pb::Label {
+        key: s.id("bytes"),
+        num: n as i64,
+        num_unit: s.id("bytes"),
+        ..Default::default()
+    };
+
+    // Live blocks grouped per stack, so alloc_* can go on the same sample when one thread holds
+    // all of a stack's live blocks.
+    let mut inuse_by_stack: HashMap<u32, Vec<(u32, u64, u64)>> = HashMap::new();
+    for (&(stack, tid), &(n, b)) in &c.inuse {
+        inuse_by_stack.entry(stack).or_default().push((tid, n, b));
+    }
+    let mut stacks: Vec<u32> = c.alloc_totals.keys().chain(inuse_by_stack.keys()).copied().collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    for stack in stacks {
+        let locs = locations_of(stack);
+        let (an, ab) = c.alloc_totals.get(&stack).copied().unwrap_or((0, 0));
+        let mut live = inuse_by_stack.remove(&stack).unwrap_or_default();
+        live.sort_unstable();
+        if opts.with_tags {
+            // Per-block samples carry inuse; one untagged sample carries alloc_*.
+            if an > 0 {
+                let l = bytes_label(&mut s, ab / an.max(1));
+                p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![an as i64, ab as i64, 0, 0], label: vec![l] });
+            }
+            continue;
+        }
+        let single = live.len() == 1;
+        if !single && an > 0 {
+            let l = bytes_label(&mut s, ab / an);
+            p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![an as i64, ab as i64, 0, 0], label: vec![l] });
+        }
+        for (tid, n, b) in live {
+            let (a0, a1) = if single { (an as i64, ab as i64) } else { (0, 0) };
+            let labels = vec![bytes_label(&mut s, b / n.max(1)), thread_label(&mut s, tid)];
+            p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![a0, a1, n as i64, b as i64], label: labels });
+        }
+    }
+    if let Some(blocks) = &c.blocks {
+        let to_wall = |t: u64| {
+            c.info.created_realtime_ns as i64 + (t as i64 - c.info.created_monotonic_ns as i64)
+        };
+        let mut cache: HashMap<u32, Vec<u64>> = HashMap::new();
+        for b in blocks {
+            let locs = cache.entry(b.stack).or_insert_with(|| locations_of(b.stack)).clone();
+            let labels = vec![
+                pb::Label { key: s.id("address"), num: b.address as i64, ..Default::default() },
+                bytes_label(&mut s, b.size),
+                pb::Label { key: s.id("timestamp"), num: to_wall(b.t_alloc), num_unit: s.id("nanoseconds"), ..Default::default() },
+                thread_label(&mut s, b.thread),
+            ];
+            p.sample.push(pb::Sample { location_id: locs, value: vec![0, 0, 1, b.size as i64], label: labels });
+        }
+    }
+
+    let k = &c.info.counters;
+    let comments = [
+        format!(
+            "heapdump snapshot of pid {} ({}), {}",
+            c.info.pid,
+            c.info.cmdline.join(" "),
+            if c.alive { "alive" } else { "exited" }
+        ),
+        format!("region layout v{}, executable {}", c.info.version, c.info.exe_path),
+        format!(
+            "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations",
+            c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns
+        ),
+        format!(
+            "counters: live_bytes={} live_blocks={} allocations={} frees={} peak_live_bytes={} dropped_blocks={} dropped_stacks={} threads={}",
+            k.live_bytes, k.live_blocks, k.allocs, k.frees, k.peak_live_bytes, k.dropped_blocks, k.dropped_stacks, k.threads
+        ),
+    ];
+    for cm in comments.iter().chain(c.meta.warnings.iter()) {
+        let i = s.id(cm);
+        p.comment.push(i);
+    }
+    p.string_table = s.table;
+    p
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Writes `p` gzip-compressed to `path` atomically (a temporary file renamed into place).
+pub fn write(p: &pb::Profile, path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use prost::Message;
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(f), flate2::Compression::default());
+    gz.write_all(&p.encode_to_vec())
+        .and_then(|_| gz.finish()?.flush())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename to {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! Finding and opening region files safely.
+//!
+//! Regions live in `$HEAPDUMP_DIR` or `/dev/shm/heapdump-UID`, named
+//! `PID-STARTTICKS-CREATEDNS.heapdump` (see `instrumentation/src/region.rs`). A region is opened
+//! without following symlinks, must be a regular file owned by the caller (unless the caller is
+//! root) and not readable by others; then mapped and validated by [`vmo_layout::Region`].
+
+use anyhow::{bail, Context, Result};
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use vmo_layout::{Region, RegionInfo};
+
+/// The region directory for this user.
+pub fn region_dir() -> PathBuf {
+    match std::env::var_os("HEAPDUMP_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        // SAFETY: getuid has no preconditions.
+        _ => PathBuf::from(format!("/dev/shm/heapdump-{}", unsafe { libc::getuid() })),
+    }
+}
+
+/// A region file found by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionFile {
+    /// Path of the file.
+    pub path: PathBuf,
+    /// Pid from the name.
+    pub pid: u32,
+    /// Process start time (clock ticks) from the name.
+    pub start_ticks: u64,
+    /// Creation time (CLOCK_MONOTONIC ns) from the name.
+    pub created_ns: u64,
+}
+
+/// Parses `PID-TICKS-NS.heapdump`.
+pub fn parse_name(name: &str) -> Option<(u32, u64, u64)> {
+    let stem = name.strip_suffix(".heapdump")?;
+    let mut it = stem.split('-');
+    let r = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    it.next().is_none().then_some(r)
+}
+
+/// Region files in `dir`, oldest first; an absent directory is an empty list.
+pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if let Some((pid, start_ticks, created_ns)) = name.to_str().and_then(parse_name) {
+            out.push(RegionFile {
+                path: e.path(),
+                pid,
+                start_ticks,
+                created_ns,
+            });
+        }
+    }
+    out.sort_by_key(|r| (r.created_ns, r.pid));
+    Ok(out)
+}
+
+/// An open, mapped region file.
+#[derive(Debug)]
+pub struct Opened {
+    /// Path it was opened from.
+    pub path: PathBuf,
+    /// The open file (kept for `flock`).
+    pub file: File,
+    map: MmapRaw,
+    writable: bool,
+}
+
+impl Opened {
+    /// The validated region view.
+    pub fn region(&self) -> Result<Region<'_>> {
+        // SAFETY: the mapping lives as long as `self` (the borrow ties the view to it), is
+        // page-aligned, and is writable exactly when `writable` is set.
+        let r = unsafe { Region::from_raw(self.map.as_ptr(), self.map.len() as u64, self.writable) };
+        r.with_context(|| format!("{}", self.path.display()))
+    }
+
+    /// Whether the region could be mapped writable (needed for a live snapshot's lease).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+}
+
+/// Opens and maps a region file, refusing symlinks, non-regular files, files owned by someone
+/// else (unless we are root) and files others can read.
+pub fn open(path: &Path) -> Result<Opened> {
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    let (file, writable) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            bail!("{}: refusing to follow a symlink to a region", path.display())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{}: no such region file", path.display())
+        }
+        Err(_) => match open(false) {
+            Ok(f) => (f, false),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                bail!("{}: refusing to follow a symlink to a region", path.display())
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+        },
+    };
+    let md = file.metadata().with_context(|| format!("cannot stat {}", path.display()))?;
+    if !md.file_type().is_file() {
+        bail!("{}: not a regular file", path.display());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if md.uid() != euid && euid != 0 {
+        bail!(
+            "{}: region owned by uid {}, not by you (uid {euid}); run as that user or as root",
+            path.display(),
+            md.uid()
+        );
+    }
+    if md.mode() & 0o077 != 0 {
+        bail!(
+            "{}: region is accessible to other users (mode {:o}); refusing to trust it",
+            path.display(),
+            md.mode() & 0o777
+        );
+    }
+    if md.len() < vmo_layout::v1::HEADER_SIZE as u64 {
+        bail!("{}: file is not a heapdump region (too small)", path.display());
+    }
+    let map = if writable {
+        MmapOptions::new().map_raw(&file)
+    } else {
+        MmapOptions::new().map_raw_read_only(&file)
+    }
+    .with_context(|| format!("cannot map {}", path.display()))?;
+    Ok(Opened {
+        path: path.to_owned(),
+        file,
+        map,
+        writable,
+    })
+}
+
+/// What became of the process that wrote a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Running this image.
+    Alive,
+    /// Gone (crashed, killed, exited without cleanup, or exec'd another image).
+    Exited,
+}
+
+impl Liveness {
+    /// `"alive"` or `"exited"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Liveness::Alive => "alive",
+            Liveness::Exited => "exited",
+        }
+    }
+}
+
+/// Start time (field 22 of `/proc/PID/stat`) of a running process.
+pub fn proc_start_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the writer of a region (with header `info`, file `f`) still runs the same image.
+pub fn liveness(info: &RegionInfo, f: &RegionFile, newer_same_process: bool) -> Liveness {
+    if info.state == vmo_layout::v1::STATE_EXITED || newer_same_process {
+        return Liveness::Exited;
+    }
+    if proc_start_ticks(f.pid) != Some(f.start_ticks) {
+        return Liveness::Exited;
+    }
+    if let Ok(md) = std::fs::metadata(format!("/proc/{}/exe", f.pid)) {
+        if md.dev() != info.exe_dev || md.ino() != info.exe_ino {
+            return Liveness::Exited;
+        }
+    }
+    Liveness::Alive
+}
+
+/// Whether `files` holds a region of the same process (pid and start time) created after `f`.
+pub fn has_newer(files: &[RegionFile], f: &RegionFile) -> bool {
+    files
+        .iter()
+        .any(|o| o.pid == f.pid && o.start_ticks == f.start_ticks && o.created_ns > f.created_ns)
+}
+
+/// Short command name: the last path component of argv[0] (or of the executable).
+pub fn command_name(info: &RegionInfo) -> String {
+    let arg0 = info.cmdline.first().map(String::as_str).unwrap_or(&info.exe_path);
+    Path::new(arg0)
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| arg0.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(parse_name("12-34-56.heapdump"), Some((12, 34, 56)));
+        assert_eq!(parse_name("12-34.heapdump"), None);
+        assert_eq!(parse_name("12-34-56-7.heapdump"), None);
+        assert_eq!(parse_name("12-34-56.txt"), None);
+        assert_eq!(parse_name("a-34-56.heapdump"), None);
+    }
+}
