@@ -9,7 +9,9 @@ use std::path::PathBuf;
 /// without stopping the program, into a symbolized pprof profile.
 #[derive(Debug, Parser)]
 #[command(name = "heapdump", version, propagate_version = true)]
-#[command(after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID).")]
+#[command(
+    after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID)."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -68,7 +70,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub lib: Option<PathBuf>,
     /// The command and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<OsString>,
 }
 

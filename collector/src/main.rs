@@ -46,7 +46,12 @@ fn scan() -> Result<Vec<Entry>> {
         match regions::open(&f.path).and_then(|o| Ok(o.region()?.info())) {
             Ok(info) => {
                 let liveness = regions::liveness(&info, f, newer);
-                out.push(Entry { file: f.clone(), info: Some(info), error: None, liveness });
+                out.push(Entry {
+                    file: f.clone(),
+                    info: Some(info),
+                    error: None,
+                    liveness,
+                });
             }
             Err(e) => out.push(Entry {
                 file: f.clone(),
@@ -157,8 +162,15 @@ fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                     })
                 })
                 .collect();
-            let alive: Vec<&&Entry> = matches.iter().filter(|e| e.liveness == Liveness::Alive).collect();
-            let chosen: Vec<&Entry> = if alive.len() == 1 { vec![alive[0]] } else { matches.clone() };
+            let alive: Vec<&&Entry> = matches
+                .iter()
+                .filter(|e| e.liveness == Liveness::Alive)
+                .collect();
+            let chosen: Vec<&Entry> = if alive.len() == 1 {
+                vec![alive[0]]
+            } else {
+                matches.clone()
+            };
             match chosen.as_slice() {
                 [] => bail!("no instrumented process named {name:?} (see `heapdump list`)"),
                 [one] => Ok((one.file.path.clone(), Some(one.file.clone()))),
@@ -170,7 +182,10 @@ fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                                 "  pid {} ({}): {}",
                                 e.file.pid,
                                 e.liveness.as_str(),
-                                e.info.as_ref().map(|i| i.cmdline.join(" ")).unwrap_or_default()
+                                e.info
+                                    .as_ref()
+                                    .map(|i| i.cmdline.join(" "))
+                                    .unwrap_or_default()
                             )
                         })
                         .collect();
@@ -195,10 +210,18 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             regions::liveness(&info, f, regions::has_newer(&files, f))
         }
         None => {
-            let name = path.file_name().and_then(|n| n.to_str()).and_then(regions::parse_name);
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(regions::parse_name);
             match name {
                 Some((pid, ticks, created_ns)) => {
-                    let f = RegionFile { path: path.clone(), pid, start_ticks: ticks, created_ns };
+                    let f = RegionFile {
+                        path: path.clone(),
+                        pid,
+                        start_ticks: ticks,
+                        created_ns,
+                    };
                     regions::liveness(&info, &f, false)
                 }
                 None => Liveness::Exited,
@@ -209,7 +232,13 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
-    let profile = pprof::build(&c, pprof::Options { with_tags: p.with_tags, symbolize: p.symbolize });
+    let profile = pprof::build(
+        &c,
+        pprof::Options {
+            with_tags: p.with_tags,
+            symbolize: p.symbolize,
+        },
+    );
     pprof::write(&profile, &p.output)?;
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
@@ -231,8 +260,14 @@ fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
         return Ok(std::fs::canonicalize(&p)?);
     }
     let exe = std::env::current_exe().context("cannot find the heapdump executable")?;
-    let dir = exe.parent().context("heapdump executable has no directory")?;
-    for cand in [dir.join("libheapdump.so"), dir.join("../lib/libheapdump.so"), dir.join("../libheapdump.so")] {
+    let dir = exe
+        .parent()
+        .context("heapdump executable has no directory")?;
+    for cand in [
+        dir.join("libheapdump.so"),
+        dir.join("../lib/libheapdump.so"),
+        dir.join("../libheapdump.so"),
+    ] {
         if cand.exists() {
             return Ok(std::fs::canonicalize(cand)?);
         }

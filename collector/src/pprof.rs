@@ -58,9 +58,18 @@ fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
             || n.starts_with("<heapdump_instrumentation::")
             || matches!(
                 n,
-                "__rust_alloc" | "__rust_alloc_zeroed" | "__rust_realloc" | "__rust_dealloc"
-                    | "__rg_alloc" | "__rg_alloc_zeroed" | "__rg_realloc" | "__rg_dealloc"
-                    | "__rdl_alloc" | "__rdl_alloc_zeroed" | "__rdl_realloc" | "__rdl_dealloc"
+                "__rust_alloc"
+                    | "__rust_alloc_zeroed"
+                    | "__rust_realloc"
+                    | "__rust_dealloc"
+                    | "__rg_alloc"
+                    | "__rg_alloc_zeroed"
+                    | "__rg_realloc"
+                    | "__rg_dealloc"
+                    | "__rdl_alloc"
+                    | "__rdl_alloc_zeroed"
+                    | "__rdl_realloc"
+                    | "__rdl_dealloc"
             )
     })
 }
@@ -75,10 +84,16 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
         ("inuse_objects", "count"),
         ("inuse_space", "bytes"),
     ] {
-        p.sample_type.push(pb::ValueType { r#type: s.id(t), unit: s.id(u) });
+        p.sample_type.push(pb::ValueType {
+            r#type: s.id(t),
+            unit: s.id(u),
+        });
     }
     p.default_sample_type = s.id("inuse_space");
-    p.period_type = Some(pb::ValueType { r#type: s.id("space"), unit: s.id("bytes") });
+    p.period_type = Some(pb::ValueType {
+        r#type: s.id("space"),
+        unit: s.id("bytes"),
+    });
     p.period = c.info.sample_interval.max(1) as i64;
     p.time_nanos = c.time_realtime_ns as i64;
     p.drop_frames = s.id(DROP_FRAMES);
@@ -97,7 +112,15 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
     } else {
         addrs
             .iter()
-            .map(|&a| (a, Resolved { module: module_of(&c.modules, a), frames: Vec::new() }))
+            .map(|&a| {
+                (
+                    a,
+                    Resolved {
+                        module: module_of(&c.modules, a),
+                        frames: Vec::new(),
+                    },
+                )
+            })
             .collect()
     };
 
@@ -112,7 +135,9 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
         }
     }
     for i in order {
-        let Some(&has) = symbolized_module.get(&i) else { continue };
+        let Some(&has) = symbolized_module.get(&i) else {
+            continue;
+        };
         let m = &c.modules[i];
         let seg = m
             .segments
@@ -157,12 +182,18 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
                 });
                 next
             });
-            lines.push(pb::Line { function_id: fid, line: f.line as i64 });
+            lines.push(pb::Line {
+                function_id: fid,
+                line: f.line as i64,
+            });
         }
         let id = p.location.len() as u64 + 1;
         p.location.push(pb::Location {
             id,
-            mapping_id: r.module.and_then(|m| mapping_id.get(&m).copied()).unwrap_or(0),
+            mapping_id: r
+                .module
+                .and_then(|m| mapping_id.get(&m).copied())
+                .unwrap_or(0),
             address: a,
             line: lines,
             is_folded: false,
@@ -172,7 +203,9 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
 
     // Stack id -> location ids with the shim's own leaf frames stripped.
     let locations_of = |stack: u32| -> Vec<u64> {
-        let Some(frames) = c.stacks.get(&stack) else { return Vec::new() };
+        let Some(frames) = c.stacks.get(&stack) else {
+            return Vec::new();
+        };
         let addrs: Vec<u64> = frames.iter().map(|pc| pc.wrapping_sub(1)).collect();
         let skip = addrs
             .iter()
@@ -203,7 +236,12 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
     for (&(stack, tid), &(n, b)) in &c.inuse {
         inuse_by_stack.entry(stack).or_default().push((tid, n, b));
     }
-    let mut stacks: Vec<u32> = c.alloc_totals.keys().chain(inuse_by_stack.keys()).copied().collect();
+    let mut stacks: Vec<u32> = c
+        .alloc_totals
+        .keys()
+        .chain(inuse_by_stack.keys())
+        .copied()
+        .collect();
     stacks.sort_unstable();
     stacks.dedup();
     for stack in stacks {
@@ -215,19 +253,35 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
             // Per-block samples carry inuse; one untagged sample carries alloc_*.
             if an > 0 {
                 let l = bytes_label(&mut s, ab / an.max(1));
-                p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![an as i64, ab as i64, 0, 0], label: vec![l] });
+                p.sample.push(pb::Sample {
+                    location_id: locs.clone(),
+                    value: vec![an as i64, ab as i64, 0, 0],
+                    label: vec![l],
+                });
             }
             continue;
         }
         let single = live.len() == 1;
         if !single && an > 0 {
             let l = bytes_label(&mut s, ab / an);
-            p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![an as i64, ab as i64, 0, 0], label: vec![l] });
+            p.sample.push(pb::Sample {
+                location_id: locs.clone(),
+                value: vec![an as i64, ab as i64, 0, 0],
+                label: vec![l],
+            });
         }
         for (tid, n, b) in live {
-            let (a0, a1) = if single { (an as i64, ab as i64) } else { (0, 0) };
+            let (a0, a1) = if single {
+                (an as i64, ab as i64)
+            } else {
+                (0, 0)
+            };
             let labels = vec![bytes_label(&mut s, b / n.max(1)), thread_label(&mut s, tid)];
-            p.sample.push(pb::Sample { location_id: locs.clone(), value: vec![a0, a1, n as i64, b as i64], label: labels });
+            p.sample.push(pb::Sample {
+                location_id: locs.clone(),
+                value: vec![a0, a1, n as i64, b as i64],
+                label: labels,
+            });
         }
     }
     if let Some(blocks) = &c.blocks {
@@ -236,14 +290,30 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
         };
         let mut cache: HashMap<u32, Vec<u64>> = HashMap::new();
         for b in blocks {
-            let locs = cache.entry(b.stack).or_insert_with(|| locations_of(b.stack)).clone();
+            let locs = cache
+                .entry(b.stack)
+                .or_insert_with(|| locations_of(b.stack))
+                .clone();
             let labels = vec![
-                pb::Label { key: s.id("address"), num: b.address as i64, ..Default::default() },
+                pb::Label {
+                    key: s.id("address"),
+                    num: b.address as i64,
+                    ..Default::default()
+                },
                 bytes_label(&mut s, b.size),
-                pb::Label { key: s.id("timestamp"), num: to_wall(b.t_alloc), num_unit: s.id("nanoseconds"), ..Default::default() },
+                pb::Label {
+                    key: s.id("timestamp"),
+                    num: to_wall(b.t_alloc),
+                    num_unit: s.id("nanoseconds"),
+                    ..Default::default()
+                },
                 thread_label(&mut s, b.thread),
             ];
-            p.sample.push(pb::Sample { location_id: locs, value: vec![0, 0, 1, b.size as i64], label: labels });
+            p.sample.push(pb::Sample {
+                location_id: locs,
+                value: vec![0, 0, 1, b.size as i64],
+                label: labels,
+            });
         }
     }
 
@@ -282,14 +352,21 @@ pub fn write(p: &pb::Profile, path: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     use prost::Message;
     use std::io::Write;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id()
     ));
-    let f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(f), flate2::Compression::default());
+    let f =
+        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut gz =
+        flate2::write::GzEncoder::new(std::io::BufWriter::new(f), flate2::Compression::default());
     gz.write_all(&p.encode_to_vec())
         .and_then(|_| gz.finish()?.flush())
         .with_context(|| format!("cannot write {}", tmp.display()))?;

@@ -38,7 +38,11 @@ pub struct RegionFile {
 pub fn parse_name(name: &str) -> Option<(u32, u64, u64)> {
     let stem = name.strip_suffix(".heapdump")?;
     let mut it = stem.split('-');
-    let r = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    let r = (
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+    );
     it.next().is_none().then_some(r)
 }
 
@@ -81,7 +85,8 @@ impl Opened {
     pub fn region(&self) -> Result<Region<'_>> {
         // SAFETY: the mapping lives as long as `self` (the borrow ties the view to it), is
         // page-aligned, and is writable exactly when `writable` is set.
-        let r = unsafe { Region::from_raw(self.map.as_ptr(), self.map.len() as u64, self.writable) };
+        let r =
+            unsafe { Region::from_raw(self.map.as_ptr(), self.map.len() as u64, self.writable) };
         r.with_context(|| format!("{}", self.path.display()))
     }
 
@@ -104,7 +109,10 @@ pub fn open(path: &Path) -> Result<Opened> {
     let (file, writable) = match open(true) {
         Ok(f) => (f, true),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            bail!("{}: refusing to follow a symlink to a region", path.display())
+            bail!(
+                "{}: refusing to follow a symlink to a region",
+                path.display()
+            )
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             bail!("{}: no such region file", path.display())
@@ -112,12 +120,17 @@ pub fn open(path: &Path) -> Result<Opened> {
         Err(_) => match open(false) {
             Ok(f) => (f, false),
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                bail!("{}: refusing to follow a symlink to a region", path.display())
+                bail!(
+                    "{}: refusing to follow a symlink to a region",
+                    path.display()
+                )
             }
             Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
         },
     };
-    let md = file.metadata().with_context(|| format!("cannot stat {}", path.display()))?;
+    let md = file
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?;
     if !md.file_type().is_file() {
         bail!("{}: not a regular file", path.display());
     }
@@ -138,7 +151,10 @@ pub fn open(path: &Path) -> Result<Opened> {
         );
     }
     if md.len() < vmo_layout::v1::HEADER_SIZE as u64 {
-        bail!("{}: file is not a heapdump region (too small)", path.display());
+        bail!(
+            "{}: file is not a heapdump region (too small)",
+            path.display()
+        );
     }
     let map = if writable {
         MmapOptions::new().map_raw(&file)
@@ -205,7 +221,11 @@ pub fn has_newer(files: &[RegionFile], f: &RegionFile) -> bool {
 
 /// Short command name: the last path component of argv[0] (or of the executable).
 pub fn command_name(info: &RegionInfo) -> String {
-    let arg0 = info.cmdline.first().map(String::as_str).unwrap_or(&info.exe_path);
+    let arg0 = info
+        .cmdline
+        .first()
+        .map(String::as_str)
+        .unwrap_or(&info.exe_path);
     Path::new(arg0)
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())

@@ -47,7 +47,13 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
     let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
     for &a in addrs {
         let m = module_of(modules, a);
-        out.insert(a, Resolved { module: m, frames: Vec::new() });
+        out.insert(
+            a,
+            Resolved {
+                module: m,
+                frames: Vec::new(),
+            },
+        );
         if let Some(m) = m {
             by_module.entry(m).or_default().push(a);
         }
@@ -65,7 +71,9 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
         }
         let src = Source::Elf(Elf::new(path));
         let virt: Vec<u64> = list.iter().map(|a| a.wrapping_sub(module.base)).collect();
-        let Ok(syms) = symbolizer.symbolize(&src, Input::VirtOffset(&virt)) else { continue };
+        let Ok(syms) = symbolizer.symbolize(&src, Input::VirtOffset(&virt)) else {
+            continue;
+        };
         for (a, s) in list.iter().zip(syms) {
             let Symbolized::Sym(sym) = s else { continue };
             let mut frames = Vec::with_capacity(1 + sym.inlined.len());
@@ -74,10 +82,17 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
             let mut loc = sym.code_info.as_deref().map(code_loc).unwrap_or_default();
             let mut chain = vec![(sym.name.to_string(), std::mem::take(&mut loc))];
             for f in sym.inlined.iter() {
-                chain.push((f.name.to_string(), f.code_info.as_ref().map(code_loc).unwrap_or_default()));
+                chain.push((
+                    f.name.to_string(),
+                    f.code_info.as_ref().map(code_loc).unwrap_or_default(),
+                ));
             }
             for (name, (file, line)) in chain.into_iter().rev() {
-                frames.push(Frame { function: name, file, line });
+                frames.push(Frame {
+                    function: name,
+                    file,
+                    line,
+                });
             }
             if let Some(r) = out.get_mut(a) {
                 r.frames = frames;
@@ -88,7 +103,10 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
 }
 
 fn code_loc(c: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32) {
-    (c.to_path().to_string_lossy().into_owned(), c.line.unwrap_or(0))
+    (
+        c.to_path().to_string_lossy().into_owned(),
+        c.line.unwrap_or(0),
+    )
 }
 
 /// Whether the ELF file at `path` carries `expected` as its GNU build ID (true when none was

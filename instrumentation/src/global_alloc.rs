@@ -5,6 +5,28 @@
 use crate::frame_pointer;
 use crate::hooks::{record_alloc, record_free};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static MODULES_RECORDED: AtomicBool = AtomicBool::new(false);
+
+/// Fills the module table once, after the first recorded allocation (a Rust program's first
+/// allocation happens after the loader has finished, so `dl_iterate_phdr` is safe here).
+#[inline]
+fn record_modules_once() {
+    if !MODULES_RECORDED.load(Ordering::Relaxed) && crate::state::global().is_some() {
+        MODULES_RECORDED.store(true, Ordering::Relaxed);
+        crate::state::refresh_modules();
+    }
+}
+
+/// Records a block, walking the stack from this function's own frame: whatever the compiler
+/// inlined into our caller (the allocator, `__rust_alloc`, `RawVec`), the first frame is the
+/// return address into the function that contains the allocation.
+#[inline(never)]
+fn record(p: *mut u8, size: usize) {
+    let fp = frame_pointer!();
+    record_alloc(p, size, fp);
+}
 
 /// Records allocations made through `A`.
 ///
@@ -41,19 +63,18 @@ impl<A> HeapdumpAlloc<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for HeapdumpAlloc<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let fp = frame_pointer!();
         // SAFETY: forwarded with the caller's contract.
         let p = unsafe { self.inner.alloc(layout) };
-        record_alloc(p, layout.size(), fp);
+        record(p, layout.size());
+        record_modules_once();
         p
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let fp = frame_pointer!();
         // SAFETY: forwarded with the caller's contract.
         let p = unsafe { self.inner.alloc_zeroed(layout) };
-        record_alloc(p, layout.size(), fp);
+        record(p, layout.size());
         p
     }
 
@@ -66,15 +87,14 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for HeapdumpAlloc<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let fp = frame_pointer!();
         let old = record_free(ptr);
         // SAFETY: forwarded with the caller's contract.
         let q = unsafe { self.inner.realloc(ptr, layout, new_size) };
         if !q.is_null() {
-            record_alloc(q, new_size, fp);
+            record(q, new_size);
         } else if old.is_some() {
             // The old block is still valid: record it again.
-            record_alloc(ptr, layout.size(), fp);
+            record(ptr, layout.size());
         }
         q
     }

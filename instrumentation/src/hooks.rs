@@ -5,7 +5,9 @@
 //! returned the block; an erase reads its time *before* the block goes back to the allocator.
 //! So if a block's address is reused, the old record's `t_free` is below the new one's `t_alloc`.
 
-use crate::state::{self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls};
+use crate::state::{
+    self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls,
+};
 use crate::unwind::{hash_frames, walk};
 use std::sync::atomic::Ordering;
 use vmo_layout::clock::now_ns;

@@ -69,7 +69,9 @@ impl AddressIndex {
                 used: 0,
             }),
         };
-        AddressIndex { shards: [S; SHARDS] }
+        AddressIndex {
+            shards: [S; SHARDS],
+        }
     }
 
     #[inline]

@@ -97,10 +97,7 @@ unsafe extern "C" fn callback(
         } else if ph.p_type == libc::PT_NOTE && m.build_id_len == 0 {
             // SAFETY: a PT_NOTE segment of a loaded object is mapped at base + p_vaddr.
             let notes = unsafe {
-                std::slice::from_raw_parts(
-                    (base + ph.p_vaddr) as *const u8,
-                    ph.p_memsz as usize,
-                )
+                std::slice::from_raw_parts((base + ph.p_vaddr) as *const u8, ph.p_memsz as usize)
             };
             if let Some(id) = find_build_id(notes) {
                 let k = id.len().min(MAX_BUILD_ID);

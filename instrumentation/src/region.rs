@@ -50,7 +50,9 @@ pub fn settings() -> Settings {
     let env = unsafe { std::slice::from_raw_parts_mut(buf, ENV_MAX) };
     let n = read_file(b"/proc/self/environ\0", env);
     for var in env[..n].split(|b| *b == 0) {
-        let Some(eq) = var.iter().position(|b| *b == b'=') else { continue };
+        let Some(eq) = var.iter().position(|b| *b == b'=') else {
+            continue;
+        };
         let (k, v) = (&var[..eq], &var[eq + 1..]);
         match k {
             b"HEAPDUMP_DIR" if !v.is_empty() && v.len() < 400 => {
@@ -119,7 +121,9 @@ pub fn start_ticks() -> u64 {
     let mut buf = [0u8; 1024];
     let n = read_file(b"/proc/self/stat\0", &mut buf);
     let stat = &buf[..n];
-    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return 0 };
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else {
+        return 0;
+    };
     stat[close + 1..]
         .split(|b| *b == b' ')
         .filter(|f| !f.is_empty())

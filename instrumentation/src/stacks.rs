@@ -30,7 +30,9 @@ unsafe impl Send for StackIndex {}
 impl StackIndex {
     /// Reserves the levels (lazily committed); `None` if the mapping fails.
     pub fn new() -> Option<Self> {
-        let total: usize = (0..LEVELS).map(|l| 1usize << (FIRST_BITS + 2 * l as u32)).sum();
+        let total: usize = (0..LEVELS)
+            .map(|l| 1usize << (FIRST_BITS + 2 * l as u32))
+            .sum();
         let base = map_anon(total * 8) as *const AtomicU64;
         if base.is_null() {
             return None;

@@ -88,7 +88,9 @@ const EXITED: u32 = u32::MAX;
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls").field("slot", &self.slot.get()).finish_non_exhaustive()
+        f.debug_struct("Tls")
+            .field("slot", &self.slot.get())
+            .finish_non_exhaustive()
     }
 }
 
@@ -178,9 +180,15 @@ fn init_locked() -> bool {
     if settings.disabled {
         return false;
     }
-    let Some(created) = region::create(&settings) else { return false };
-    let Some(stacks) = StackIndex::new() else { return false };
-    let Some(free) = FreeNodes::new(created.writer.node_capacity()) else { return false };
+    let Some(created) = region::create(&settings) else {
+        return false;
+    };
+    let Some(stacks) = StackIndex::new() else {
+        return false;
+    };
+    let Some(free) = FreeNodes::new(created.writer.node_capacity()) else {
+        return false;
+    };
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: creating a key with a destructor of the right signature.
     if unsafe { libc::pthread_key_create(&mut key, Some(thread_exit)) } != 0 {
@@ -237,7 +245,8 @@ fn thread_name() -> [u8; 16] {
 fn register_thread(g: &Global, t: &Tls) {
     let tid = gettid();
     t.tid.set(tid);
-    t.stack_hi.set(crate::unwind::current_stack_top(tid == g.pid));
+    t.stack_hi
+        .set(crate::unwind::current_stack_top(tid == g.pid));
     match g.writer.claim_thread(tid, &thread_name()) {
         Some(i) => {
             t.slot.set(i + 1);
@@ -477,7 +486,9 @@ impl FreeNodes {
         let len = self.len.get();
         let k = out.len().min(len);
         // SAFETY: lock held; [len - k, len) lies in the mapping.
-        unsafe { std::ptr::copy_nonoverlapping((*self.ids.get()).add(len - k), out.as_mut_ptr(), k) };
+        unsafe {
+            std::ptr::copy_nonoverlapping((*self.ids.get()).add(len - k), out.as_mut_ptr(), k)
+        };
         self.len.set(len - k);
         self.lock.unlock();
         k

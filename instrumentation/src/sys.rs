@@ -98,14 +98,25 @@ impl SpinLock {
 pub fn read_file(path: &[u8], buf: &mut [u8]) -> usize {
     debug_assert_eq!(path.last(), Some(&0));
     // SAFETY: `path` is NUL-terminated; open has no other preconditions.
-    let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr() as *const libc::c_char,
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
         return 0;
     }
     let mut n = 0;
     while n < buf.len() {
         // SAFETY: the destination range lies within `buf`.
-        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr() as *mut libc::c_void, buf.len() - n) };
+        let r = unsafe {
+            libc::read(
+                fd,
+                buf[n..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - n,
+            )
+        };
         if r <= 0 {
             break;
         }

@@ -39,7 +39,11 @@ macro_rules! frame_pointer {
 pub fn walk(mut fp: usize, stack_hi: usize, out: &mut [u64; MAX_FRAMES]) -> usize {
     let marker = 0u8;
     let lo = &marker as *const u8 as usize;
-    let hi = if stack_hi == 0 { fp.saturating_add(16) } else { stack_hi };
+    let hi = if stack_hi == 0 {
+        fp.saturating_add(16)
+    } else {
+        stack_hi
+    };
     let mut n = 0;
     while n < MAX_FRAMES {
         if fp < lo || fp & 7 != 0 || fp.saturating_add(16) > hi {

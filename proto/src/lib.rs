@@ -162,7 +162,11 @@ mod tests {
 
     #[test]
     fn mapping_flags_are_fields_7_to_10() {
-        let m = Mapping { has_functions: true, has_inline_frames: true, ..Default::default() };
+        let m = Mapping {
+            has_functions: true,
+            has_inline_frames: true,
+            ..Default::default()
+        };
         assert_eq!(m.encode_to_vec(), vec![0x38, 0x01, 0x50, 0x01]);
     }
 }

@@ -15,5 +15,8 @@ pub mod reader;
 pub mod v1;
 pub mod writer;
 
-pub use reader::{Block, Counters, Module, ReadError, Region, RegionInfo, SnapshotMeta, SnapshotOptions, ThreadInfo};
+pub use reader::{
+    Block, Counters, Module, ReadError, Region, RegionInfo, SnapshotMeta, SnapshotOptions,
+    ThreadInfo,
+};
 pub use writer::{ProcessIdentity, RegionWriter};

@@ -253,7 +253,9 @@ impl<'a> Region<'a> {
         }
         let stacks = sections[section::STACK_ENTRIES as usize - 1].capacity;
         if sections[section::STACK_COUNTERS as usize - 1].capacity / STRIPES as u64 != stacks {
-            return Err(ReadError::Corrupt("stack counter section does not match stack section"));
+            return Err(ReadError::Corrupt(
+                "stack counter section does not match stack section",
+            ));
         }
         Ok(Region {
             base,
@@ -299,12 +301,20 @@ impl<'a> Region<'a> {
             ..Counters::default()
         };
         for i in 0..threads {
-            let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) else { break };
+            let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) else {
+                break;
+            };
             c.allocs = c.allocs.wrapping_add(s.allocs.load(Ordering::Relaxed));
             c.frees = c.frees.wrapping_add(s.frees.load(Ordering::Relaxed));
-            c.alloc_bytes = c.alloc_bytes.wrapping_add(s.alloc_bytes.load(Ordering::Relaxed));
-            c.free_bytes = c.free_bytes.wrapping_add(s.free_bytes.load(Ordering::Relaxed));
-            c.dropped_blocks = c.dropped_blocks.wrapping_add(s.dropped.load(Ordering::Relaxed));
+            c.alloc_bytes = c
+                .alloc_bytes
+                .wrapping_add(s.alloc_bytes.load(Ordering::Relaxed));
+            c.free_bytes = c
+                .free_bytes
+                .wrapping_add(s.free_bytes.load(Ordering::Relaxed));
+            c.dropped_blocks = c
+                .dropped_blocks
+                .wrapping_add(s.dropped.load(Ordering::Relaxed));
         }
         c.live_blocks = c.allocs.saturating_sub(c.frees);
         c.live_bytes = c.alloc_bytes.saturating_sub(c.free_bytes);
@@ -336,11 +346,7 @@ impl<'a> Region<'a> {
     /// otherwise the snapshot time is "end of recording" and nothing is written or waited for.
     /// Only one live snapshot per region may run at a time (the caller serializes, e.g. with
     /// `flock`).
-    pub fn snapshot(
-        &self,
-        opts: &SnapshotOptions,
-        mut visit: impl FnMut(&Block),
-    ) -> SnapshotMeta {
+    pub fn snapshot(&self, opts: &SnapshotOptions, mut visit: impl FnMut(&Block)) -> SnapshotMeta {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
         let live = opts.live && self.writable;
@@ -352,7 +358,9 @@ impl<'a> Region<'a> {
                 .load(Ordering::SeqCst)
                 .min(self.cap(section::THREADS));
             for i in 0..threads {
-                let Some(slot) = self.at::<ThreadSlotV1>(section::THREADS, i) else { break };
+                let Some(slot) = self.at::<ThreadSlotV1>(section::THREADS, i) else {
+                    break;
+                };
                 let s = slot.op_seq.load(Ordering::SeqCst);
                 if s & 1 == 0 {
                     continue;
@@ -390,7 +398,9 @@ impl<'a> Region<'a> {
             .load(Ordering::Acquire)
             .min(self.cap(section::ALLOCATIONS));
         for i in 0..nodes {
-            let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else { break };
+            let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else {
+                break;
+            };
             let a1 = n.t_alloc.load(Ordering::Acquire);
             if a1 > t {
                 continue;

@@ -331,14 +331,22 @@ impl Default for Capacities {
 pub fn plan(c: &Capacities) -> ([SectionV1; section::COUNT], u64) {
     let specs: [(u32, u32, u64); section::COUNT] = [
         (section::ALLOCATIONS, size_of::<NodeV1>() as u32, c.nodes),
-        (section::STACK_ENTRIES, size_of::<StackEntryV1>() as u32, c.stacks),
+        (
+            section::STACK_ENTRIES,
+            size_of::<StackEntryV1>() as u32,
+            c.stacks,
+        ),
         (section::STACK_FRAMES, 8, c.frames),
         (
             section::STACK_COUNTERS,
             size_of::<StackCounterV1>() as u32,
             c.stacks * STRIPES as u64,
         ),
-        (section::THREADS, size_of::<ThreadSlotV1>() as u32, c.threads),
+        (
+            section::THREADS,
+            size_of::<ThreadSlotV1>() as u32,
+            c.threads,
+        ),
         (section::MODULES, size_of::<ModuleV1>() as u32, c.modules),
     ];
     let mut out = [SectionV1::default(); section::COUNT];

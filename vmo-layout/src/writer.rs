@@ -103,7 +103,11 @@ impl RegionWriter {
         debug_assert!(index < s.capacity);
         // SAFETY: callers pass `index < capacity` (checked by every public caller); the section
         // lies inside the mapping (checked by `create`), and T is made of atomics.
-        unsafe { &*(self.base.add((s.offset + index * s.entry_size as u64) as usize) as *const T) }
+        unsafe {
+            &*(self
+                .base
+                .add((s.offset + index * s.entry_size as u64) as usize) as *const T)
+        }
     }
 
     fn capacity(&self, kind: u32) -> u64 {
@@ -252,8 +256,13 @@ impl RegionWriter {
         let h = self.header();
         let frames = &frames[..frames.len().min(MAX_FRAMES)];
         let id = h.stack_count.fetch_add(1, Ordering::Relaxed);
-        let off = h.frame_cursor.fetch_add(frames.len() as u64, Ordering::Relaxed);
-        if id >= self.capacity(section::STACK_ENTRIES).min(u32::MAX as u64 - 1)
+        let off = h
+            .frame_cursor
+            .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        if id
+            >= self
+                .capacity(section::STACK_ENTRIES)
+                .min(u32::MAX as u64 - 1)
             || off + frames.len() as u64 > self.capacity(section::STACK_FRAMES)
         {
             h.dropped_stacks.fetch_add(1, Ordering::Relaxed);

@@ -260,7 +260,9 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         return -1;
     }
     // SAFETY: `f` is the loader's dlclose, of this signature.
-    let r = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle) };
+    let r = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle)
+    };
     heapdump_instrumentation::refresh_modules();
     r
 }

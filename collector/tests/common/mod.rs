@@ -1,0 +1,324 @@
+//! Helpers for end-to-end tests: build example programs, run them under the shim, snapshot them
+//! with the `heapdump` binary and read the profile back with `go tool pprof -raw`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The `heapdump` binary under test.
+pub fn heapdump() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_heapdump"))
+}
+
+/// Directory of the artifacts of the profile under test (target/release or target/debug).
+pub fn target_dir() -> PathBuf {
+    heapdump().parent().unwrap().to_owned()
+}
+
+/// `libheapdump.so` built next to the binary under test.
+pub fn shim() -> PathBuf {
+    let p = target_dir().join("libheapdump.so");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --release` (or `cargo build` for debug tests) before the tests",
+        p.display()
+    );
+    p
+}
+
+/// A fresh, private region directory for one test.
+pub fn region_dir(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "heapdump-test-{}-{}-{}",
+        name,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Compiles `examples/c/NAME.c` (frame pointers, debug info) and returns the executable.
+///
+/// Tests run in parallel: each build goes to a unique file that is renamed into place, and a
+/// process-wide lock keeps one compiler at a time.
+pub fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = target_dir().join("test-bins");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join(name);
+    let tmp = out_dir.join(format!(".{name}.{}", std::process::id()));
+    let src = root().join("examples/c").join(format!("{name}.c"));
+    let st = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("cc (gcc) must be installed");
+    assert!(st.success(), "compiling {}", src.display());
+    std::fs::rename(&tmp, &exe).unwrap();
+    exe
+}
+
+/// A program started under the shim, waiting on stdin.
+pub struct Running {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    /// Words after "ready" on its first stdout line.
+    pub ready: Vec<String>,
+    pub dir: PathBuf,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.ready[0].parse().unwrap()
+    }
+    /// Closes stdin and waits; returns the exit code.
+    pub fn finish(mut self) -> i32 {
+        drop(self.stdin.take());
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` with `env` (plus HEAPDUMP_DIR=`dir`) and waits for its "ready ..." line.
+pub fn start(mut cmd: Command, dir: &Path, preload: bool) -> Running {
+    cmd.env("HEAPDUMP_DIR", dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if preload {
+        cmd.env("LD_PRELOAD", shim());
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with("ready") => {
+                break l
+                    .split_whitespace()
+                    .skip(1)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("program ended before printing ready: {other:?}"),
+        }
+    };
+    let stdin = child.stdin.take();
+    Running {
+        child,
+        stdin,
+        ready,
+        dir: dir.to_owned(),
+    }
+}
+
+/// Runs `heapdump ARGS` with HEAPDUMP_DIR=`dir`; returns (success, stdout, stderr).
+pub fn heapdump_cmd(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(heapdump())
+        .args(args)
+        .env("HEAPDUMP_DIR", dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Snapshots `pid` into a temporary file and returns its path.
+pub fn snapshot(dir: &Path, pid: u32, extra: &[&str]) -> PathBuf {
+    let out = dir.with_extension(format!("{pid}.pb.gz"));
+    let pid_s = pid.to_string();
+    let mut args = vec!["snapshot", "--by-pid", &pid_s, "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (ok, so, se) = heapdump_cmd(dir, &args);
+    assert!(ok, "snapshot failed: {so}{se}");
+    out
+}
+
+/// One sample of a profile as `go tool pprof -raw` prints it.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// alloc_objects, alloc_space, inuse_objects, inuse_space.
+    pub values: [i64; 4],
+    pub locations: Vec<u64>,
+    /// label key → values (as printed, e.g. "1024 bytes").
+    pub labels: HashMap<String, Vec<String>>,
+}
+
+/// A profile read back by the reference client.
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub samples: Vec<Sample>,
+    /// location id → the text of its lines (function name, file:line), innermost first.
+    pub locations: HashMap<u64, Vec<String>>,
+    pub comments: Vec<String>,
+}
+
+/// Reads `profile` with `go tool pprof -raw`.
+pub fn pprof_raw(profile: &Path) -> Raw {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(profile)
+        .output()
+        .expect(
+            "`go` must be installed (Debian package golang-go): it is the reference pprof reader",
+        );
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_raw(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_raw(text: &str) -> Raw {
+    let mut raw = Raw {
+        samples: Vec::new(),
+        locations: HashMap::new(),
+        comments: Vec::new(),
+    };
+    let mut section = "";
+    let mut cur_loc: Option<u64> = None;
+    for line in text.lines() {
+        if let Some(c) = line.strip_prefix("Comment: ") {
+            raw.comments.push(c.to_owned());
+            continue;
+        }
+        match line.trim_end() {
+            "Samples:" => {
+                section = "samples";
+                continue;
+            }
+            "Locations" => {
+                section = "locations";
+                continue;
+            }
+            "Mappings" => {
+                section = "mappings";
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "samples" => {
+                if let Some((vals, locs)) = line.split_once(':').filter(|(v, _)| {
+                    let w: Vec<&str> = v.split_whitespace().collect();
+                    w.len() == 4 && w.iter().all(|x| x.parse::<i64>().is_ok())
+                }) {
+                    let v: Vec<i64> = vals
+                        .split_whitespace()
+                        .map(|x| x.parse().unwrap())
+                        .collect();
+                    raw.samples.push(Sample {
+                        values: [v[0], v[1], v[2], v[3]],
+                        locations: locs
+                            .split_whitespace()
+                            .map(|x| x.parse().unwrap())
+                            .collect(),
+                        labels: HashMap::new(),
+                    });
+                } else if let Some(s) = raw.samples.last_mut() {
+                    // One or more `key:[v v ...]` groups per line.
+                    let mut rest = line.trim();
+                    while let Some((k, after)) = rest.split_once(":[") {
+                        let Some((v, tail)) = after.split_once(']') else {
+                            break;
+                        };
+                        s.labels
+                            .entry(k.trim().to_owned())
+                            .or_default()
+                            .extend(v.split(' ').filter(|x| !x.is_empty()).map(str::to_owned));
+                        rest = tail.trim();
+                    }
+                }
+            }
+            "locations" => {
+                let t = line.trim();
+                let head = t
+                    .split_once(": 0x")
+                    .and_then(|(id, rest)| Some((id.parse::<u64>().ok()?, rest)));
+                if let Some((id, rest)) = head {
+                    cur_loc = Some(id);
+                    // "ADDR M=N fn file:line s=0"
+                    let text = rest.split_once(' ').map(|x| x.1).unwrap_or("");
+                    let text = text.trim_start_matches(|c: char| c != ' ').trim();
+                    let e = raw.locations.entry(id).or_default();
+                    if !text.is_empty() {
+                        e.push(text.to_owned());
+                    }
+                } else if let Some(id) = cur_loc {
+                    if !t.is_empty() {
+                        raw.locations.entry(id).or_default().push(t.to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    raw
+}
+
+impl Raw {
+    /// Whether location `id` has a line whose function name is `f`.
+    fn loc_has(&self, id: u64, f: &str) -> bool {
+        self.locations
+            .get(&id)
+            .is_some_and(|ls| ls.iter().any(|l| l == f || l.starts_with(&format!("{f} "))))
+    }
+
+    /// Sum of the values of samples whose stack contains function `f`.
+    pub fn sum_with(&self, f: &str) -> [i64; 4] {
+        let mut out = [0i64; 4];
+        for s in &self.samples {
+            if s.locations.iter().any(|l| self.loc_has(*l, f)) {
+                for i in 0..4 {
+                    out[i] += s.values[i];
+                }
+            }
+        }
+        out
+    }
+
+    /// Sum of all samples' values.
+    pub fn total(&self) -> [i64; 4] {
+        let mut out = [0i64; 4];
+        for s in &self.samples {
+            for i in 0..4 {
+                out[i] += s.values[i];
+            }
+        }
+        out
+    }
+}
+
+/// Closes stdin of a child (helper for readability).
+pub fn close(stdin: &mut Option<ChildStdin>) {
+    if let Some(mut s) = stdin.take() {
+        let _ = s.flush();
+    }
+}

@@ -1,0 +1,297 @@
+//! End to end: real programs run under the shim (or the Rust allocator), snapshotted by pid,
+//! read back with `go tool pprof -raw`, compared with what the programs allocated.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use std::process::Command;
+
+const KIB: i64 = 1024;
+const MIB: i64 = 1024 * 1024;
+
+#[test]
+fn c_program_exact_per_function_and_total() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("c");
+    let r = start(Command::new(&exe), &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    // [alloc_objects, alloc_space, inuse_objects, inuse_space]
+    assert_eq!(
+        raw.sum_with("alloc_small"),
+        [1000, 1000 * KIB, 1000, 1000 * KIB]
+    );
+    assert_eq!(
+        raw.sum_with("alloc_medium"),
+        [100, 100 * 64 * KIB, 100, 100 * 64 * KIB]
+    );
+    // alloc_large: 10 mallocs of 512 KiB, each realloc'd to 1 MiB.
+    assert_eq!(
+        raw.sum_with("alloc_large"),
+        [20, 10 * 512 * KIB + 10 * MIB, 10, 10 * MIB]
+    );
+    let t = raw.total();
+    assert_eq!(
+        (t[2], t[3]),
+        (1110, 1000 * KIB + 6400 * KIB + 10 * MIB),
+        "inuse totals"
+    );
+    // The shim's own frames never appear.
+    for ls in raw.locations.values() {
+        for l in ls {
+            assert!(
+                !l.starts_with("malloc ")
+                    && !l.starts_with("calloc ")
+                    && !l.contains("heapdump_instrumentation"),
+                "shim frame {l}"
+            );
+        }
+    }
+    assert!(raw
+        .comments
+        .iter()
+        .any(|c| c.contains(&format!("pid {}", r.pid()))));
+    assert_eq!(r.finish(), 0);
+    // A clean exit removes the region.
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "region left after clean exit: {left:?}");
+}
+
+#[test]
+fn rust_global_allocator_exact() {
+    let exe = target_dir().join("rust-alloc-example");
+    assert!(
+        exe.exists(),
+        "{} missing: run cargo build --release first",
+        exe.display()
+    );
+    let dir = region_dir("rust");
+    let r = start(Command::new(&exe), &dir, false);
+    let (blocks, bytes): (i64, i64) = (r.ready[1].parse().unwrap(), r.ready[2].parse().unwrap());
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    // pprof prints Rust functions without their crate path.
+    let f = |n: &str| raw.sum_with(n);
+    assert_eq!(f("alloc_small")[2..], [1000, 1000 * KIB]);
+    assert_eq!(f("alloc_medium")[2..], [100, 6400 * KIB]);
+    assert_eq!(f("alloc_large")[2..], [10, 10 * MIB]);
+    // The program's own tally of every live block (runtime included) equals the snapshot.
+    let t = raw.total();
+    assert_eq!((t[2], t[3]), (blocks, bytes));
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn threads_exact_after_join() {
+    let exe = compile_c("threads", &[]);
+    let dir = region_dir("threads");
+    let r = start(Command::new(&exe), &dir, true);
+    let (blocks, bytes): (i64, i64) = (r.ready[1].parse().unwrap(), r.ready[2].parse().unwrap());
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    let w = raw.sum_with("worker");
+    assert_eq!(
+        (w[2], w[3]),
+        (blocks, bytes),
+        "live blocks left by the workers"
+    );
+    // Every allocation of the workers is counted: 4 × (20000 churn + 250 kept).
+    assert_eq!(w[0], 4 * (20000 + 250));
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn python_bytearray_under_cpython_functions() {
+    let dir = region_dir("python");
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-c",
+        "import os,sys\nb = bytearray(100*1024*1024)\nprint('ready', os.getpid(), flush=True)\nsys.stdin.read()\n",
+    ]);
+    let r = start(cmd, &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    // The 100 MiB block, attributed to symbolized CPython code.
+    let big: Vec<&Sample> = raw
+        .samples
+        .iter()
+        .filter(|s| s.values[3] >= 100 * MIB)
+        .collect();
+    assert_eq!(big.len(), 1, "one sample holds the bytearray");
+    let leaf = &raw.locations[&big[0].locations[0]];
+    assert!(
+        leaf.iter()
+            .any(|l| l.starts_with("Py") || l.starts_with("_Py") || l.contains("bytearray")),
+        "leaf frame is not a CPython function: {leaf:?}"
+    );
+    assert!(raw.total()[3] >= 100 * MIB);
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn with_tags_one_sample_per_block() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("tags");
+    let r = start(Command::new(&exe), &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &["--with-tags"]));
+    let per_block: Vec<&Sample> = raw.samples.iter().filter(|s| s.values[2] == 1).collect();
+    assert_eq!(per_block.len(), 1110);
+    let mut seen = HashSet::new();
+    for s in &per_block {
+        let addr = &s.labels["address"];
+        assert!(seen.insert(addr.clone()), "address {addr:?} twice");
+        assert!(s.labels.contains_key("timestamp") && s.labels.contains_key("thread"));
+        assert_eq!(s.labels["bytes"][0].parse::<i64>().unwrap(), s.values[3]);
+    }
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn list_shows_process_and_run_passes_status() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("list");
+    let mut cmd = Command::new(heapdump());
+    cmd.arg("run").arg("--").arg(&exe);
+    let r = start(cmd, &dir, false);
+    let (ok, out, err) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let me = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["pid"] == r.pid())
+        .expect("listed");
+    assert_eq!(me["status"], "alive");
+    assert_eq!(me["live_blocks"], 1110);
+    assert_eq!(me["layout_version"], 1);
+    assert_eq!(me["command"], "known_allocs");
+    let (ok, out, _) = heapdump_cmd(&dir, &["list"]);
+    assert!(ok && out.contains(&r.pid().to_string()) && out.contains("alive"));
+    assert_eq!(r.finish(), 0);
+    // `heapdump run` exits with the command's status.
+    let st = Command::new(heapdump())
+        .args(["run", "--", "sh", "-c", "exit 7"])
+        .env("HEAPDUMP_DIR", &dir)
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(7));
+}
+
+#[test]
+fn errors_are_one_line_and_nonzero() {
+    let dir = region_dir("errors");
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |args: &[&str], needle: &str| {
+        let (ok, _, err) = heapdump_cmd(&dir, args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    check(
+        &["snapshot", "--by-pid", "999999999", "-o", "/dev/null"],
+        "no such process",
+    );
+    // This test process is alive and not instrumented.
+    let me = std::process::id().to_string();
+    check(
+        &["snapshot", "--by-pid", &me, "-o", "/dev/null"],
+        "not instrumented",
+    );
+    check(
+        &[
+            "snapshot",
+            "--by-name",
+            "no-such-command",
+            "-o",
+            "/dev/null",
+        ],
+        "no instrumented process named",
+    );
+    // Not a region.
+    let junk = dir.join("junk");
+    std::fs::write(&junk, vec![7u8; 8192]).unwrap();
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    check(
+        &[
+            "snapshot",
+            "--region",
+            junk.to_str().unwrap(),
+            "-o",
+            "/dev/null",
+        ],
+        "not a heapdump region",
+    );
+    // A region from the future.
+    let mut bytes = std::fs::read(&junk).unwrap();
+    bytes[..8].copy_from_slice(b"HEAPDUMP");
+    bytes[8..12].copy_from_slice(&99u32.to_ne_bytes());
+    std::fs::write(&junk, &bytes).unwrap();
+    check(
+        &[
+            "snapshot",
+            "--region",
+            junk.to_str().unwrap(),
+            "-o",
+            "/dev/null",
+        ],
+        "v99 is not supported by this heapdump (reads v1)",
+    );
+    // Readable by others: refused.
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    check(
+        &[
+            "snapshot",
+            "--region",
+            junk.to_str().unwrap(),
+            "-o",
+            "/dev/null",
+        ],
+        "accessible to other users",
+    );
+    // A symlink: refused.
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&junk, &link).unwrap();
+    check(
+        &[
+            "snapshot",
+            "--region",
+            link.to_str().unwrap(),
+            "-o",
+            "/dev/null",
+        ],
+        "symlink",
+    );
+}
+
+#[test]
+fn ambiguous_name_lists_matches() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("ambiguous");
+    let a = start(Command::new(&exe), &dir, true);
+    let b = start(Command::new(&exe), &dir, true);
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-name", "known_allocs", "-o", "/dev/null"],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains(&a.pid().to_string()) && err.contains(&b.pid().to_string()),
+        "{err}"
+    );
+    assert_eq!(a.finish(), 0);
+    // Now only one is left: --by-name works.
+    let out = dir.with_extension("byname.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-name",
+            "known_allocs",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(pprof_raw(&out).total()[2], 1110);
+    assert_eq!(b.finish(), 0);
+}
