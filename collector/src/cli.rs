@@ -26,6 +26,17 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Run a command with the heapdump shim preloaded; exits with the command's status.
     Run(RunArgs),
+    /// Remove the regions of processes that are gone (crashed, killed, or kept with
+    /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
+    Gc(GcArgs),
+}
+
+/// `heapdump gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Only print what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `heapdump list`.

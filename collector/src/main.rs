@@ -12,7 +12,7 @@ mod symbolize;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, ListArgs, RunArgs, SnapshotProps, Target};
+use cli::{Cli, Command, GcArgs, ListArgs, RunArgs, SnapshotProps, Target};
 use regions::{Liveness, RegionFile};
 use std::path::PathBuf;
 
@@ -22,6 +22,7 @@ fn main() {
         Command::List(a) => list(a),
         Command::Snapshot(a) => snapshot(a.into()),
         Command::Run(a) => run(a),
+        Command::Gc(a) => gc(a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");
@@ -125,6 +126,29 @@ fn list(a: ListArgs) -> Result<()> {
             ),
         }
     }
+    Ok(())
+}
+
+fn gc(a: GcArgs) -> Result<()> {
+    let mut removed = 0;
+    for e in scan()? {
+        if e.liveness == Liveness::Alive {
+            continue;
+        }
+        let what = match &e.info {
+            Some(i) => format!("pid {} ({})", e.file.pid, i.cmdline.join(" ")),
+            None => format!("pid {} (unreadable: {})", e.file.pid, e.error.as_deref().unwrap_or("")),
+        };
+        if a.dry_run {
+            println!("would remove {}: {what}", e.file.path.display());
+        } else {
+            std::fs::remove_file(&e.file.path)
+                .with_context(|| format!("cannot remove {}", e.file.path.display()))?;
+            println!("removed {}: {what}", e.file.path.display());
+        }
+        removed += 1;
+    }
+    eprintln!("heapdump: {removed} region(s) of exited processes {}", if a.dry_run { "to remove" } else { "removed" });
     Ok(())
 }
 

@@ -7,8 +7,9 @@ use crate::stacks::{StackIndex, CACHE};
 use crate::sys::{map_anon, SpinLock};
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU8, Ordering};
-use vmo_layout::v1::{ThreadSlotV1, STATE_EXITED, STATE_READY};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use vmo_layout::clock::now_ns;
+use vmo_layout::v1::{ThreadSlotV1, LEASE_NS, STATE_EXITED, STATE_READY};
 use vmo_layout::RegionWriter;
 
 const UNINIT: u8 = 0;
@@ -17,6 +18,8 @@ const READY: u8 = 2;
 const DISABLED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// `CLOCK_MONOTONIC` ns read in the parent just before `fork`.
+static FORK_TIME: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
 pub static INDEX: AddressIndex = AddressIndex::new();
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
@@ -287,6 +290,14 @@ extern "C" fn on_exit() {
 
 extern "C" fn fork_prepare() {
     if let Some(g) = global() {
+        // Protect the nodes live at the fork from being recycled while the child copies them.
+        let lease = &g.writer.header().fork_lease;
+        let now = now_ns();
+        let old = lease.load(Ordering::Relaxed);
+        if old == 0 || now.saturating_sub(old) > LEASE_NS {
+            lease.store(now, Ordering::SeqCst);
+        }
+        FORK_TIME.store(now_ns(), Ordering::Relaxed);
         INDEX.lock_all();
         g.free.lock.lock();
         ORPHAN.lock();
@@ -301,14 +312,60 @@ extern "C" fn fork_parent() {
     }
 }
 
+/// In the child: the region is shared with the parent, so the child moves to a region of its
+/// own holding the blocks it inherited (those live at the fork), then goes on recording there.
 extern "C" fn fork_child() {
-    if let Some(g) = global() {
-        ORPHAN.unlock();
-        g.free.lock.unlock();
-        INDEX.unlock_all();
-        // The region is shared with the parent: the child must not write to it.
-        STATE.store(DISABLED, Ordering::Release);
+    let Some(g) = global() else { return };
+    ORPHAN.unlock();
+    g.free.lock.unlock();
+    INDEX.unlock_all();
+    let t_fork = FORK_TIME.load(Ordering::Relaxed);
+    TLS.with(|t| {
+        let outer = t.guard.replace(true);
+        if !child_region(g, t, t_fork) {
+            STATE.store(DISABLED, Ordering::Release);
+        }
+        t.guard.set(outer);
+    });
+}
+
+fn child_region(g: &Global, t: &Tls, t_fork: u64) -> bool {
+    let parent = g.writer;
+    let mut settings = g.settings;
+    settings.caps = parent.capacities();
+    let release_lease = || {
+        let _ = parent
+            .header()
+            .fork_lease
+            .compare_exchange(t_fork, 0, Ordering::SeqCst, Ordering::Relaxed);
+    };
+    let created = match region::create(&settings) {
+        Some(c) if c.writer.capacities() == parent.capacities() => c,
+        _ => {
+            release_lease();
+            return false;
+        }
+    };
+    let w = created.writer;
+    w.claim_thread(0, b"(other threads)\0");
+    // SAFETY: the region is fresh, laid out with the parent's capacities, and this child is
+    // single-threaded; the parent's fork lease was set in fork_prepare.
+    let (blocks, bytes) = unsafe { w.inherit(&parent, t_fork) };
+    release_lease();
+    let orphan = w.thread(ORPHAN_SLOT);
+    orphan.allocs.store(blocks, Ordering::Relaxed);
+    orphan.alloc_bytes.store(bytes, Ordering::Relaxed);
+    // SAFETY: the child has a single thread (the one running fork handlers), which is inside
+    // the reentrancy guard: nobody else reads GLOBAL while it is updated.
+    unsafe {
+        let gm = (*GLOBAL.0.get()).assume_init_mut();
+        gm.writer = w;
+        gm.path = created.path;
+        gm.pid = libc::getpid() as u32;
     }
+    t.slot.set(0); // registers again, in the new region, at the next operation
+    w.set_state(STATE_READY);
+    true
 }
 
 /// The thread's slot index and slot; takes the orphan lock when the thread has no slot of its

@@ -129,7 +129,10 @@ pub struct HeaderV1 {
     _pad0: [u8; 128 - 96],
     /// Reader lease: `CLOCK_MONOTONIC` ns at which a reader started, 0 when none.
     pub lease: AtomicU64,
-    _pad1: [u8; 56],
+    /// Fork lease: `CLOCK_MONOTONIC` ns of a `fork` whose child is still copying the blocks it
+    /// inherited from this region; 0 when none. Writers treat it like `lease`.
+    pub fork_lease: AtomicU64,
+    _pad1: [u8; 48],
     /// Nodes of ALLOCATIONS handed out so far (bump cursor, multiples of a batch).
     pub node_cursor: AtomicU64,
     _pad2: [u8; 56],

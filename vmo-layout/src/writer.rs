@@ -168,8 +168,94 @@ impl RegionWriter {
     /// true unless a reader that started before the node died may still be copying.
     pub fn node_reusable(&self, index: u32, now: u64) -> bool {
         let t_free = self.node(index).t_free.load(Ordering::Relaxed);
-        let lease = self.header().lease.load(Ordering::SeqCst);
-        lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS
+        let h = self.header();
+        let ok = |lease: u64| lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS;
+        ok(h.lease.load(Ordering::SeqCst)) && ok(h.fork_lease.load(Ordering::SeqCst))
+    }
+
+    /// Reads node `index` under its seqlock: `(address, size, stack, thread, t_alloc)` if the
+    /// node held a block live at time `t`.
+    pub fn read_live_node(&self, index: u32, t: u64) -> Option<(u64, u64, u32, u32, u64)> {
+        let n = self.node(index);
+        let a1 = n.t_alloc.load(Ordering::Acquire);
+        if a1 > t {
+            return None;
+        }
+        let r = (
+            n.address.load(Ordering::Relaxed),
+            n.size.load(Ordering::Relaxed),
+            n.stack.load(Ordering::Relaxed),
+            n.thread.load(Ordering::Relaxed),
+            a1,
+        );
+        let t_free = n.t_free.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        (n.t_alloc.load(Ordering::Relaxed) == a1 && t_free > t).then_some(r)
+    }
+
+    /// The capacities this region was laid out with.
+    pub fn capacities(&self) -> Capacities {
+        let c = |k: u32| self.capacity(k);
+        Capacities {
+            nodes: c(section::ALLOCATIONS),
+            stacks: c(section::STACK_ENTRIES),
+            frames: c(section::STACK_FRAMES),
+            threads: c(section::THREADS),
+            modules: c(section::MODULES),
+        }
+    }
+
+    /// Fills this fresh region (a forked child's) from `parent` as it was at `t_fork`: every
+    /// node live then is copied to the same index (so the child's inherited address index stays
+    /// valid), with `t_free` cleared; the stack table, stack counters and module table are copied
+    /// verbatim up to their cursors. Returns the inherited (blocks, bytes).
+    ///
+    /// The parent keeps running: the caller must have set `parent`'s `fork_lease` to `t_fork`
+    /// before the fork, so no node live at `t_fork` is recycled while this copies.
+    ///
+    /// # Safety
+    /// This region must be fresh, laid out with the parent's capacities, and written by no one
+    /// else; `parent` must be mapped.
+    pub unsafe fn inherit(&self, parent: &RegionWriter, t_fork: u64) -> (u64, u64) {
+        let (ph, h) = (parent.header(), self.header());
+        let cursor = ph.node_cursor.load(Ordering::Acquire).min(self.node_capacity());
+        let (mut blocks, mut bytes) = (0u64, 0u64);
+        for i in 0..cursor as u32 {
+            if let Some((addr, size, stack, tid, t_alloc)) = parent.read_live_node(i, t_fork) {
+                self.publish_node(i, addr, size, stack, tid, t_alloc);
+                blocks += 1;
+                bytes += size;
+            }
+        }
+        h.node_cursor.store(cursor, Ordering::Relaxed);
+        let copy = |kind: u32, count: u64| {
+            let (ps, cs) = (&parent.sections[kind as usize - 1], &self.sections[kind as usize - 1]);
+            let n = count.min(ps.capacity).min(cs.capacity) * cs.entry_size as u64;
+            // SAFETY: both ranges lie inside their sections (count clamped to both
+            // capacities); the regions are distinct mappings.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    parent.base.add(ps.offset as usize),
+                    self.base.add(cs.offset as usize),
+                    n as usize,
+                )
+            };
+        };
+        let stacks = ph.stack_count.load(Ordering::Acquire).min(self.capacity(section::STACK_ENTRIES));
+        let frames = ph.frame_cursor.load(Ordering::Acquire).min(self.capacity(section::STACK_FRAMES));
+        copy(section::STACK_ENTRIES, stacks);
+        copy(section::STACK_FRAMES, frames);
+        if parent.capacity(section::STACK_ENTRIES) == self.capacity(section::STACK_ENTRIES) {
+            copy(section::STACK_COUNTERS, self.capacity(section::STACK_COUNTERS));
+        }
+        h.stack_count.store(stacks, Ordering::Relaxed);
+        h.frame_cursor.store(frames, Ordering::Relaxed);
+        h.dropped_stacks.store(ph.dropped_stacks.load(Ordering::Relaxed), Ordering::Relaxed);
+        let modules = ph.module_count.load(Ordering::Acquire);
+        copy(section::MODULES, modules);
+        h.module_count.store(modules.min(self.module_capacity()), Ordering::Relaxed);
+        h.peak_live_bytes.store(bytes, Ordering::Relaxed);
+        (blocks, bytes)
     }
 
     // ---- threads ----------------------------------------------------------------------
