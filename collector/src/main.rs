@@ -135,9 +135,25 @@ fn gc(a: GcArgs) -> Result<()> {
         if e.liveness == Liveness::Alive {
             continue;
         }
+        // A region whose writer is still laying it out is briefly unreadable: leave young ones.
+        let young = std::fs::metadata(&e.file.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() < 60);
+        if e.info.is_none()
+            && young
+            && regions::proc_start_ticks(e.file.pid) == Some(e.file.start_ticks)
+        {
+            continue;
+        }
         let what = match &e.info {
             Some(i) => format!("pid {} ({})", e.file.pid, i.cmdline.join(" ")),
-            None => format!("pid {} (unreadable: {})", e.file.pid, e.error.as_deref().unwrap_or("")),
+            None => format!(
+                "pid {} (unreadable: {})",
+                e.file.pid,
+                e.error.as_deref().unwrap_or("")
+            ),
         };
         if a.dry_run {
             println!("would remove {}: {what}", e.file.path.display());
@@ -148,7 +164,10 @@ fn gc(a: GcArgs) -> Result<()> {
         }
         removed += 1;
     }
-    eprintln!("heapdump: {removed} region(s) of exited processes {}", if a.dry_run { "to remove" } else { "removed" });
+    eprintln!(
+        "heapdump: {removed} region(s) of exited processes {}",
+        if a.dry_run { "to remove" } else { "removed" }
+    );
     Ok(())
 }
 
@@ -314,15 +333,16 @@ fn run(a: RunArgs) -> Result<()> {
     if a.keep {
         cmd.env("HEAPDUMP_KEEP", "1");
     }
-    // Let the child handle Ctrl-C; we report its status.
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {}", a.command[0].to_string_lossy()))?;
+    // Ctrl-C reaches the child (same process group); we stay to report its status. Set after
+    // the spawn so the child does not inherit the ignored dispositions.
     // SAFETY: setting the disposition of SIGINT/SIGQUIT to ignore in this process.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
     }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot run {}", a.command[0].to_string_lossy()))?;
     let status = child.wait()?;
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal() {

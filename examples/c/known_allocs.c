@@ -6,6 +6,7 @@
 //   alloc_large:    10 x 1 MiB   (malloc, then realloc from 512 KiB)
 //
 // Prints "ready PID" on stdout (with write(2), so stdio allocates nothing) when done.
+// With the argument "leak" it exits without freeing them.
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -29,7 +30,8 @@ __attribute__((noinline)) void alloc_large(void) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int leak = argc > 1 && strcmp(argv[1], "leak") == 0; // keep everything live at exit
     alloc_small();
     alloc_medium();
     alloc_large();
@@ -38,6 +40,7 @@ int main(void) {
     write(1, msg, n);
     char buf[16];
     while (read(0, buf, sizeof buf) > 0) {}
+    if (leak) return 0;
     for (int i = 0; i < 1000; i++) free(small[i]);
     for (int i = 0; i < 100; i++) free(medium[i]);
     for (int i = 0; i < 10; i++) free(large[i]);

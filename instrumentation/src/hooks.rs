@@ -59,38 +59,40 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
     let (slot_idx, slot) = acquire_slot(g, t);
     RegionWriter::op_begin(slot);
     let now = now_ns();
-    let mut freed_stale = None;
-    match take_node(g, t, now) {
+    let node = take_node(g, t, now);
+    match node {
         Some(n) => {
             w.publish_node(n, addr, size, stack, t.tid(), now);
-            let recorded = state::INDEX.insert(addr, n);
-            if recorded.is_ok() {
-                add(&slot.allocs, 1);
-                add(&slot.alloc_bytes, size);
-            }
-            match recorded {
-                Ok(None) => {}
-                Ok(Some(old)) => {
-                    // The block at this address was freed behind our back: close its record.
-                    let old_size = w.erase_node(old, now);
-                    add(&slot.frees, 1);
-                    add(&slot.free_bytes, old_size);
-                    freed_stale = Some(old);
-                }
-                Err(()) => {
-                    w.erase_node(n, now);
-                    add(&slot.dropped, 1);
-                    freed_stale = Some(n);
-                }
-            }
+            add(&slot.allocs, 1);
+            add(&slot.alloc_bytes, size);
         }
         None => add(&slot.dropped, 1),
     }
     RegionWriter::op_end(slot);
-    release_slot(slot_idx);
-    if let Some(n) = freed_stale {
-        recycle_node(g, t, n);
+    // The index is private to this process: updating it (which may grow a shard) stays out of
+    // the operation window a snapshot may wait on.
+    if let Some(n) = node {
+        let closed = match state::INDEX.insert(addr, n) {
+            Ok(None) => None,
+            // The block at this address was freed behind our back: close its old record.
+            Ok(Some(old)) => Some(old),
+            // No memory for the index: the record could never be erased, so drop it.
+            Err(()) => Some(n),
+        };
+        if let Some(c) = closed {
+            RegionWriter::op_begin(slot);
+            let now = now_ns();
+            let old_size = w.erase_node(c, now);
+            if c == n {
+                add(&slot.dropped, 1);
+            }
+            add(&slot.frees, 1);
+            add(&slot.free_bytes, old_size);
+            RegionWriter::op_end(slot);
+            recycle_node(g, t, c);
+        }
     }
+    release_slot(slot_idx);
     if stack != u32::MAX {
         w.count_alloc(stack, slot_idx as usize, size);
     }

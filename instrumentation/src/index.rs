@@ -119,6 +119,24 @@ impl AddressIndex {
         }
     }
 
+    /// Every `(address, node)` entry, without locking.
+    ///
+    /// # Safety
+    /// No other thread may use the index while the iterator lives (a forked child, before it
+    /// starts threads).
+    pub unsafe fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.shards.iter().flat_map(|s| {
+            // SAFETY: single-threaded per the contract.
+            let t = unsafe { &*s.table.get() };
+            let (entries, cap) = (t.entries, t.cap);
+            (0..cap).filter_map(move |i| {
+                // SAFETY: i < cap, and the table is not modified meanwhile (contract).
+                let e = unsafe { *entries.add(i) };
+                (e.address > TOMBSTONE).then_some((e.address, e.node))
+            })
+        })
+    }
+
     /// Live entries (for tests).
     pub fn len(&self) -> usize {
         self.shards

@@ -77,6 +77,9 @@ impl StackIndex {
                 }
             }
         }
+        w.header()
+            .dropped_stacks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         None
     }
 }

@@ -18,8 +18,8 @@ const READY: u8 = 2;
 const DISABLED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// `CLOCK_MONOTONIC` ns read in the parent just before `fork`.
-static FORK_TIME: AtomicU64 = AtomicU64::new(0);
+/// The fork lease this process stored in its region before `fork` (0: none of ours).
+static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
 pub static INDEX: AddressIndex = AddressIndex::new();
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
@@ -275,6 +275,13 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
 }
 
 extern "C" fn on_exit() {
+    exit_cleanup();
+}
+
+/// Removes this process's region (or marks it exited with `HEAPDUMP_KEEP=1`): called at
+/// `exit` and from the shim's `_exit`/`_Exit`. Does nothing in a process other than the one
+/// that created the region (a `vfork` child, for example).
+pub fn exit_cleanup() {
     let Some(g) = global() else { return };
     // SAFETY: getpid has no preconditions.
     if unsafe { libc::getpid() } as u32 != g.pid {
@@ -296,11 +303,14 @@ extern "C" fn fork_prepare() {
         let old = lease.load(Ordering::Relaxed);
         if old == 0 || now.saturating_sub(old) > LEASE_NS {
             lease.store(now, Ordering::SeqCst);
+            FORK_LEASE.store(now, Ordering::Relaxed);
+        } else {
+            FORK_LEASE.store(0, Ordering::Relaxed);
         }
-        FORK_TIME.store(now_ns(), Ordering::Relaxed);
+        // Same order as the recording paths: orphan slot, then index shards, then free list.
+        ORPHAN.lock();
         INDEX.lock_all();
         g.free.lock.lock();
-        ORPHAN.lock();
     }
 }
 
@@ -319,25 +329,27 @@ extern "C" fn fork_child() {
     ORPHAN.unlock();
     g.free.lock.unlock();
     INDEX.unlock_all();
-    let t_fork = FORK_TIME.load(Ordering::Relaxed);
+    let lease = FORK_LEASE.load(Ordering::Relaxed);
     TLS.with(|t| {
         let outer = t.guard.replace(true);
-        if !child_region(g, t, t_fork) {
+        if !child_region(g, t, lease) {
             STATE.store(DISABLED, Ordering::Release);
         }
         t.guard.set(outer);
     });
 }
 
-fn child_region(g: &Global, t: &Tls, t_fork: u64) -> bool {
+fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     let parent = g.writer;
     let mut settings = g.settings;
     settings.caps = parent.capacities();
     let release_lease = || {
-        let _ = parent
-            .header()
-            .fork_lease
-            .compare_exchange(t_fork, 0, Ordering::SeqCst, Ordering::Relaxed);
+        let _ = parent.header().fork_lease.compare_exchange(
+            lease,
+            0,
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        );
     };
     let created = match region::create(&settings) {
         Some(c) if c.writer.capacities() == parent.capacities() => c,
@@ -348,9 +360,12 @@ fn child_region(g: &Global, t: &Tls, t_fork: u64) -> bool {
     };
     let w = created.writer;
     w.claim_thread(0, b"(other threads)\0");
-    // SAFETY: the region is fresh, laid out with the parent's capacities, and this child is
-    // single-threaded; the parent's fork lease was set in fork_prepare.
-    let (blocks, bytes) = unsafe { w.inherit(&parent, t_fork) };
+    // The inherited address index holds exactly the blocks live at the fork (its shards were
+    // locked across it): copy the records it points to.
+    // SAFETY: this child is single-threaded (fork handlers run before anything else); the
+    // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
+    // before the fork) keeps the records the index points to from being recycled meanwhile.
+    let (blocks, bytes) = unsafe { w.inherit(&parent, INDEX.entries()) };
     release_lease();
     let orphan = w.thread(ORPHAN_SLOT);
     orphan.allocs.store(blocks, Ordering::Relaxed);
@@ -364,6 +379,7 @@ fn child_region(g: &Global, t: &Tls, t_fork: u64) -> bool {
         gm.pid = libc::getpid() as u32;
     }
     t.slot.set(0); // registers again, in the new region, at the next operation
+    t.tid.set(gettid());
     w.set_state(STATE_READY);
     true
 }

@@ -353,6 +353,10 @@ impl<'a> Region<'a> {
         let t = if live {
             h.lease.store(now_ns(), Ordering::SeqCst);
             let t = now_ns();
+            // Every clock reading taken after this loop is strictly greater than T.
+            while now_ns() <= t {
+                std::hint::spin_loop();
+            }
             let threads = h
                 .thread_count
                 .load(Ordering::SeqCst)

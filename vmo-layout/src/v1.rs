@@ -2,7 +2,8 @@
 //!
 //! A region is one file (mode 0600) mapped `MAP_SHARED` by the instrumented process (the writer)
 //! and, at snapshot time, by the collector (the reader). Every multi-byte field is native-endian
-//! x86-64/aarch64 (little-endian, 64-bit); a reader on another architecture refuses the region.
+//! 64-bit little-endian (x86-64, aarch64): a region is meant to be read on the machine that wrote
+//! it (or one of the same architecture).
 //!
 //! ```text
 //! offset  size      what
@@ -149,7 +150,7 @@ pub struct HeaderV1 {
     pub module_count: AtomicU64,
     /// Seqlock over the module table: odd while a writer changes it.
     pub module_seq: AtomicU64,
-    /// Highest live bytes observed (sampled by writers every few hundred operations).
+    /// Highest live bytes observed (sampled by each writer thread every 1024 operations).
     pub peak_live_bytes: AtomicU64,
     _pad4: [u8; 32],
     /// The section table.

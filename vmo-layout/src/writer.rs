@@ -205,57 +205,102 @@ impl RegionWriter {
         }
     }
 
-    /// Fills this fresh region (a forked child's) from `parent` as it was at `t_fork`: every
-    /// node live then is copied to the same index (so the child's inherited address index stays
-    /// valid), with `t_free` cleared; the stack table, stack counters and module table are copied
-    /// verbatim up to their cursors. Returns the inherited (blocks, bytes).
+    /// Fills this fresh region (a forked child's) from `parent`: the node of every
+    /// `(address, node)` pair of `live` (the child's inherited address index: the blocks live at
+    /// the fork) is copied to the same index with `t_free` cleared, so the index stays valid;
+    /// the stack table, stack counters and module table are copied up to their cursors.
+    /// Returns the inherited (blocks, bytes). A pair whose node no longer holds its address is
+    /// skipped.
     ///
-    /// The parent keeps running: the caller must have set `parent`'s `fork_lease` to `t_fork`
-    /// before the fork, so no node live at `t_fork` is recycled while this copies.
+    /// The parent keeps running: its `fork_lease` must have been set before the fork, so no
+    /// node live then is recycled while this copies.
     ///
     /// # Safety
     /// This region must be fresh, laid out with the parent's capacities, and written by no one
     /// else; `parent` must be mapped.
-    pub unsafe fn inherit(&self, parent: &RegionWriter, t_fork: u64) -> (u64, u64) {
+    pub unsafe fn inherit(
+        &self,
+        parent: &RegionWriter,
+        live: impl Iterator<Item = (u64, u32)>,
+    ) -> (u64, u64) {
         let (ph, h) = (parent.header(), self.header());
-        let cursor = ph.node_cursor.load(Ordering::Acquire).min(self.node_capacity());
+        let cursor = ph
+            .node_cursor
+            .load(Ordering::Acquire)
+            .min(self.node_capacity());
         let (mut blocks, mut bytes) = (0u64, 0u64);
-        for i in 0..cursor as u32 {
-            if let Some((addr, size, stack, tid, t_alloc)) = parent.read_live_node(i, t_fork) {
-                self.publish_node(i, addr, size, stack, tid, t_alloc);
-                blocks += 1;
-                bytes += size;
+        for (address, i) in live {
+            if i as u64 >= cursor {
+                continue;
+            }
+            if let Some((addr, size, stack, tid, t_alloc)) = parent.read_node_any(i) {
+                if addr == address {
+                    self.publish_node(i, addr, size, stack, tid, t_alloc);
+                    blocks += 1;
+                    bytes += size;
+                }
             }
         }
         h.node_cursor.store(cursor, Ordering::Relaxed);
-        let copy = |kind: u32, count: u64| {
-            let (ps, cs) = (&parent.sections[kind as usize - 1], &self.sections[kind as usize - 1]);
-            let n = count.min(ps.capacity).min(cs.capacity) * cs.entry_size as u64;
-            // SAFETY: both ranges lie inside their sections (count clamped to both
-            // capacities); the regions are distinct mappings.
+        let copy = |kind: u32, first: u64, count: u64| {
+            let (ps, cs) = (
+                &parent.sections[kind as usize - 1],
+                &self.sections[kind as usize - 1],
+            );
+            let count = count
+                .min(ps.capacity.saturating_sub(first))
+                .min(cs.capacity.saturating_sub(first));
+            let (off, n) = (first * cs.entry_size as u64, count * cs.entry_size as u64);
+            // SAFETY: both ranges lie inside their sections (clamped to both capacities); the
+            // regions are distinct mappings.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    parent.base.add(ps.offset as usize),
-                    self.base.add(cs.offset as usize),
+                    parent.base.add((ps.offset + off) as usize),
+                    self.base.add((cs.offset + off) as usize),
                     n as usize,
                 )
             };
         };
-        let stacks = ph.stack_count.load(Ordering::Acquire).min(self.capacity(section::STACK_ENTRIES));
-        let frames = ph.frame_cursor.load(Ordering::Acquire).min(self.capacity(section::STACK_FRAMES));
-        copy(section::STACK_ENTRIES, stacks);
-        copy(section::STACK_FRAMES, frames);
-        if parent.capacity(section::STACK_ENTRIES) == self.capacity(section::STACK_ENTRIES) {
-            copy(section::STACK_COUNTERS, self.capacity(section::STACK_COUNTERS));
+        let cap = self.capacity(section::STACK_ENTRIES);
+        let stacks = ph.stack_count.load(Ordering::Acquire).min(cap);
+        let frames = ph
+            .frame_cursor
+            .load(Ordering::Acquire)
+            .min(self.capacity(section::STACK_FRAMES));
+        copy(section::STACK_ENTRIES, 0, stacks);
+        copy(section::STACK_FRAMES, 0, frames);
+        for stripe in 0..STRIPES as u64 {
+            copy(section::STACK_COUNTERS, stripe * cap, stacks);
         }
         h.stack_count.store(stacks, Ordering::Relaxed);
         h.frame_cursor.store(frames, Ordering::Relaxed);
-        h.dropped_stacks.store(ph.dropped_stacks.load(Ordering::Relaxed), Ordering::Relaxed);
+        h.dropped_stacks
+            .store(ph.dropped_stacks.load(Ordering::Relaxed), Ordering::Relaxed);
         let modules = ph.module_count.load(Ordering::Acquire);
-        copy(section::MODULES, modules);
-        h.module_count.store(modules.min(self.module_capacity()), Ordering::Relaxed);
+        copy(section::MODULES, 0, modules);
+        h.module_count
+            .store(modules.min(self.module_capacity()), Ordering::Relaxed);
         h.peak_live_bytes.store(bytes, Ordering::Relaxed);
         (blocks, bytes)
+    }
+
+    /// Reads node `index` whatever its state (under its seqlock): a record the parent freed
+    /// after a fork still holds the block's fields.
+    fn read_node_any(&self, index: u32) -> Option<(u64, u64, u32, u32, u64)> {
+        let n = self.node(index);
+        let a1 = n.t_alloc.load(Ordering::Acquire);
+        if a1 == TIME_NONE {
+            return None;
+        }
+        let r = (
+            n.address.load(Ordering::Relaxed),
+            n.size.load(Ordering::Relaxed),
+            n.stack.load(Ordering::Relaxed),
+            n.thread.load(Ordering::Relaxed),
+            a1,
+        );
+        fence(Ordering::Acquire);
+        (n.t_alloc.load(Ordering::Relaxed) == a1).then_some(r)
     }
 
     // ---- threads ----------------------------------------------------------------------
@@ -282,7 +327,7 @@ impl RegionWriter {
                 self.set_thread_name(i, name);
                 self.header()
                     .thread_count
-                    .fetch_max(i as u64 + 1, Ordering::Release);
+                    .fetch_max(i as u64 + 1, Ordering::SeqCst);
                 return Some(i);
             }
         }

@@ -2,10 +2,11 @@
 //! with the `heapdump` binary and read the profile back with `go tool pprof -raw`.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Lines;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Workspace root.
@@ -81,11 +82,16 @@ pub struct Running {
     /// Words after "ready" on its first stdout line.
     pub ready: Vec<String>,
     pub dir: PathBuf,
+    lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Running {
     pub fn pid(&self) -> u32 {
         self.ready[0].parse().unwrap()
+    }
+    /// Waits for the next stdout line starting with `prefix`; returns the words after it.
+    pub fn wait_line(&mut self, prefix: &str) -> Vec<String> {
+        wait_for(&mut self.lines, prefix)
     }
     /// Closes stdin and waits; returns the exit code.
     pub fn finish(mut self) -> i32 {
@@ -101,8 +107,29 @@ impl Drop for Running {
     }
 }
 
+fn wait_for(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) -> Vec<String> {
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with(prefix) => {
+                break l
+                    .split_whitespace()
+                    .skip(1)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("program ended before printing {prefix:?}: {other:?}"),
+        }
+    }
+}
+
 /// Starts `cmd` with `env` (plus HEAPDUMP_DIR=`dir`) and waits for its "ready ..." line.
-pub fn start(mut cmd: Command, dir: &Path, preload: bool) -> Running {
+pub fn start(cmd: Command, dir: &Path, preload: bool) -> Running {
+    start_until(cmd, dir, preload, "ready")
+}
+
+/// Starts `cmd` and waits for its first line starting with `prefix` (stored in `ready`).
+pub fn start_until(mut cmd: Command, dir: &Path, preload: bool, prefix: &str) -> Running {
     cmd.env("HEAPDUMP_DIR", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -113,25 +140,14 @@ pub fn start(mut cmd: Command, dir: &Path, preload: bool) -> Running {
     let mut child = cmd.spawn().expect("spawn");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
-    let ready = loop {
-        match lines.next() {
-            Some(Ok(l)) if l.starts_with("ready") => {
-                break l
-                    .split_whitespace()
-                    .skip(1)
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            }
-            Some(Ok(_)) => continue,
-            other => panic!("program ended before printing ready: {other:?}"),
-        }
-    };
+    let ready = wait_for(&mut lines, prefix);
     let stdin = child.stdin.take();
     Running {
         child,
         stdin,
         ready,
         dir: dir.to_owned(),
+        lines,
     }
 }
 
@@ -147,6 +163,45 @@ pub fn heapdump_cmd(dir: &Path, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A profile decoded directly (for checks too many to run through `go tool pprof`).
+pub fn decode(path: &Path) -> heapdump_proto::Profile {
+    use prost::Message;
+    use std::io::Read;
+    let mut gz = flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap());
+    let mut buf = Vec::new();
+    gz.read_to_end(&mut buf).unwrap();
+    heapdump_proto::Profile::decode(buf.as_slice()).unwrap()
+}
+
+/// Ids of locations whose lines include function `name`.
+pub fn locations_of(p: &heapdump_proto::Profile, name: &str) -> HashSet<u64> {
+    let fns: HashSet<u64> = p
+        .function
+        .iter()
+        .filter(|f| p.string_table[f.name as usize] == name)
+        .map(|f| f.id)
+        .collect();
+    p.location
+        .iter()
+        .filter(|l| l.line.iter().any(|x| fns.contains(&x.function_id)))
+        .map(|l| l.id)
+        .collect()
+}
+
+/// Sums [alloc_objects, alloc_space, inuse_objects, inuse_space] over samples through `name`.
+pub fn sum_through(p: &heapdump_proto::Profile, name: &str) -> [i64; 4] {
+    let locs = locations_of(p, name);
+    let mut out = [0i64; 4];
+    for s in &p.sample {
+        if s.location_id.iter().any(|l| locs.contains(l)) {
+            for (o, v) in out.iter_mut().zip(&s.value) {
+                *o += v;
+            }
+        }
+    }
+    out
 }
 
 /// Snapshots `pid` into a temporary file and returns its path.

@@ -267,6 +267,37 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     r
 }
 
+/// `_exit(2)`: removes the region (as a clean exit does), then ends the process. Shells such
+/// as dash leave through `_exit`, skipping `atexit` handlers.
+///
+/// # Safety
+/// As `_exit(2)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    heapdump_instrumentation::state::exit_cleanup();
+    // SAFETY: exit_group ends every thread of the process; it does not return.
+    unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
+    unreachable_exit()
+}
+
+/// `_Exit(3)`: as `_exit`.
+///
+/// # Safety
+/// As `_Exit(3)`.
+#[cfg_attr(not(test), no_mangle)]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: same contract.
+    unsafe { _exit(status) }
+}
+
+fn unreachable_exit() -> ! {
+    loop {
+        // SAFETY: only reached if exit_group returned, which it does not.
+        unsafe { libc::syscall(libc::SYS_exit_group, 127 as libc::c_long) };
+    }
+}
+
 fn errno() -> c_int {
     // SAFETY: __errno_location returns this thread's errno.
     unsafe { *libc::__errno_location() }

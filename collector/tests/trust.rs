@@ -1,0 +1,485 @@
+//! Snapshots users can trust: point-in-time consistency under churn, threads, fork/exec,
+//! dlopen/dlclose, post-mortem, full tables, permissions, real programs unchanged.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::{Command, Stdio};
+
+const CHURN_SIZE: i64 = 48;
+
+/// Snapshots a program whose N threads keep K blocks each by "allocate new, free old":
+/// every snapshot must see between N·K and N·K+N blocks from `churn_alloc`, and with
+/// `--with-tags` no address twice.
+fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
+    let exe = compile_c("churn", &[]);
+    let dir = region_dir(&format!("churn{n}"));
+    let mut cmd = Command::new(&exe);
+    cmd.args([n.to_string(), k.to_string(), CHURN_SIZE.to_string()]);
+    let r = start(cmd, &dir, true);
+    let (mut lo, mut hi, mut max_wait) = (i64::MAX, 0i64, 0u64);
+    for i in 0..snapshots {
+        let tags = i % 10 == 0;
+        let path = snapshot(&dir, r.pid(), if tags { &["--with-tags"] } else { &[] });
+        let p = decode(&path);
+        let v = sum_through(&p, "churn_alloc");
+        let count = v[2];
+        lo = lo.min(count);
+        hi = hi.max(count);
+        assert!(
+            count >= n * k && count <= n * k + n,
+            "snapshot {i}: {count} live blocks from churn_alloc, outside [{}, {}]",
+            n * k,
+            n * k + n
+        );
+        assert_eq!(
+            v[3],
+            count * CHURN_SIZE,
+            "snapshot {i}: inuse_space != count × size"
+        );
+        if tags {
+            let key = p.string_table.iter().position(|s| s == "address").unwrap() as i64;
+            let mut seen = HashSet::new();
+            for s in p.sample.iter().filter(|s| s.value[2] == 1) {
+                let a = s.label.iter().find(|l| l.key == key).unwrap().num;
+                assert!(seen.insert(a), "snapshot {i}: address {a:#x} appears twice");
+            }
+        }
+        for c in &p.comment {
+            let c = &p.string_table[*c as usize];
+            if let Some(w) = c.split("waited ").nth(1) {
+                max_wait = max_wait.max(w.split(' ').next().unwrap().parse().unwrap());
+            }
+        }
+    }
+    assert_eq!(r.finish(), 0);
+    (lo, hi, max_wait)
+}
+
+#[test]
+fn consistent_under_churn_two_threads() {
+    let (lo, hi, wait) = churn(2, 50_000, 100);
+    eprintln!("churn N=2 K=50000: 100 snapshots, live count in [{lo}, {hi}], longest wait for an in-flight operation {wait} ns");
+}
+
+#[test]
+fn consistent_under_churn_four_threads() {
+    let (lo, hi, wait) = churn(4, 50_000, 100);
+    eprintln!("churn N=4 K=50000: 100 snapshots, live count in [{lo}, {hi}], longest wait for an in-flight operation {wait} ns");
+}
+
+#[test]
+fn eight_threads_mixed_exact_after_join() {
+    let exe = compile_c("mixed", &[]);
+    let dir = region_dir("mixed");
+    let mut r = start_until(Command::new(&exe), &dir, true, "started");
+    let pid: u32 = r.ready[0].parse().unwrap();
+    // Snapshots while the threads run (they must succeed and never see an address twice).
+    for _ in 0..5 {
+        let p = decode(&snapshot(&dir, pid, &["--with-tags"]));
+        let Some(key) = p.string_table.iter().position(|s| s == "address") else {
+            continue;
+        };
+        let key = key as i64;
+        let mut seen = HashSet::new();
+        for s in p.sample.iter().filter(|s| s.value[2] == 1) {
+            let a = s.label.iter().find(|l| l.key == key).unwrap().num;
+            assert!(seen.insert(a), "address {a:#x} twice during churn");
+        }
+    }
+    let ready = r.wait_line("ready");
+    let (blocks, bytes): (i64, i64) = (ready[1].parse().unwrap(), ready[2].parse().unwrap());
+    let raw = pprof_raw(&snapshot(&dir, pid, &[]));
+    let w = raw.sum_with("mixed_worker");
+    assert_eq!(
+        (w[2], w[3]),
+        (blocks, bytes),
+        "live blocks of the workers vs the program's tally"
+    );
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn fork_child_has_own_region_with_inherited_blocks() {
+    let exe = compile_c("forker", &[]);
+    let dir = region_dir("fork");
+    let mut r = start(Command::new(&exe), &dir, true);
+    let child: u32 = r.pid();
+    let parent: u32 = r.wait_line("ready")[0].parse().unwrap();
+    assert_ne!(child, parent);
+    let c = pprof_raw(&snapshot(&dir, child, &[]));
+    assert_eq!(
+        c.sum_with("parent_alloc")[2..],
+        [90, 90 * 4096],
+        "inherited, minus 10 freed"
+    );
+    assert_eq!(c.sum_with("child_alloc")[2..], [50, 50 * 8192]);
+    let p = pprof_raw(&snapshot(&dir, parent, &[]));
+    assert_eq!(
+        p.sum_with("parent_alloc")[2..],
+        [100, 100 * 4096],
+        "child's frees not in parent"
+    );
+    assert_eq!(
+        p.sum_with("child_alloc"),
+        [0; 4],
+        "child's blocks not in parent"
+    );
+    assert_eq!(r.finish(), 0);
+    assert!(
+        std::fs::read_dir(&dir).unwrap().next().is_none(),
+        "both regions removed at exit"
+    );
+}
+
+#[test]
+fn exec_gets_fresh_region_and_run_tracks_the_tree() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("exec");
+    // sh execs into the program: same pid, new image, new region.
+    let mut cmd = Command::new(heapdump());
+    cmd.args(["run", "--", "sh", "-c"])
+        .arg(format!("exec {}", exe.display()));
+    let r = start(cmd, &dir, false);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    let mine: Vec<_> = files
+        .iter()
+        .filter(|f| {
+            f.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{}-", r.pid()))
+        })
+        .collect();
+    assert_eq!(
+        mine.len(),
+        1,
+        "one region for the pid after exec: {files:?}"
+    );
+    let t = pprof_raw(&snapshot(&dir, r.pid(), &[])).total();
+    assert_eq!(
+        (t[2], t[3]),
+        (1110, 18063360),
+        "only the new image's blocks"
+    );
+    assert_eq!(r.finish(), 0);
+
+    // A shell running two instrumented programs: every process is tracked and listed.
+    let dir = region_dir("tree");
+    let mut cmd = Command::new(heapdump());
+    cmd.args(["run", "--", "sh", "-c"])
+        .arg(format!("exec 3<&0; {0} <&3 & {0} <&3; wait", exe.display()));
+    let mut r = start(cmd, &dir, false);
+    let a = r.pid();
+    let b: u32 = r.wait_line("ready")[0].parse().unwrap();
+    let (ok, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let alive: Vec<(u64, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["status"] == "alive")
+        .map(|e| {
+            (
+                e["pid"].as_u64().unwrap(),
+                e["command"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for pid in [a, b] {
+        assert!(
+            alive.contains(&(pid as u64, "known_allocs".into())),
+            "{pid} not listed: {alive:?}"
+        );
+    }
+    assert!(
+        alive.iter().any(|(_, c)| c == "sh"),
+        "the shell is listed too: {alive:?}"
+    );
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn dlopened_library_symbolized_after_dlclose() {
+    let lib = target_dir().join("test-bins/libplugin.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let st = Command::new("cc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-o",
+        ])
+        .arg(&lib)
+        .arg(root().join("examples/c/plugin.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let exe = compile_c("dlopener", &["-ldl"]);
+    let dir = region_dir("dlopen");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&lib);
+    let r = start(cmd, &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(raw.sum_with("plugin_alloc"), [100, 300_000, 100, 300_000]);
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn post_mortem_after_kill_and_gc() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("kill");
+    let mut r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid();
+    r.child.kill().unwrap(); // SIGKILL
+    r.child.wait().unwrap();
+    let (ok, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let me = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["pid"] == pid)
+        .expect("still listed");
+    assert_eq!(me["status"], "exited");
+    let raw = pprof_raw(&snapshot(&dir, pid, &[]));
+    assert_eq!(
+        raw.sum_with("alloc_small")[2..],
+        [1000, 1024_000],
+        "symbolized post-mortem"
+    );
+    assert_eq!(raw.total()[2], 1110);
+    // --region reads the file directly.
+    let file = me["region"].as_str().unwrap().to_owned();
+    let out = dir.with_extension("region.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--region", &file, "-o", out.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(pprof_raw(&out).total()[2], 1110);
+    // gc removes it.
+    let (ok, _, _) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok);
+    assert!(!std::path::Path::new(&file).exists());
+}
+
+#[test]
+fn keep_shows_leaks_after_clean_exit() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("keep");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("leak").env("HEAPDUMP_KEEP", "1");
+    let r = start(cmd, &dir, true);
+    let pid = r.pid();
+    assert_eq!(r.finish(), 0);
+    let (_, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["status"], "exited");
+    let raw = pprof_raw(&snapshot(&dir, pid, &[]));
+    assert_eq!(raw.total()[2], 1110, "blocks leaked at exit");
+}
+
+#[test]
+fn full_tables_drop_and_count_without_blocking() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("full");
+    let mut cmd = Command::new(&exe);
+    cmd.env("HEAPDUMP_MAX_BLOCKS", "256");
+    let r = start(cmd, &dir, true);
+    let (_, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let dropped = v[0]["dropped_blocks"].as_u64().unwrap();
+    let live = v[0]["live_blocks"].as_u64().unwrap();
+    assert!(dropped > 0, "nothing dropped: {out}");
+    assert!(live <= 256 && live + dropped >= 1110, "{out}");
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    assert!(raw
+        .comments
+        .iter()
+        .any(|c| c.contains(&format!("dropped_blocks={dropped}"))));
+    assert_eq!(r.finish(), 0, "the program runs to completion");
+}
+
+#[test]
+fn region_permissions_and_foreign_regions() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("perm");
+    let r = start(Command::new(&exe), &dir, true);
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let md = std::fs::symlink_metadata(&file).unwrap();
+    assert_eq!(md.mode() & 0o777, 0o600);
+    // SAFETY: getuid has no preconditions.
+    assert_eq!(md.uid(), unsafe { libc::getuid() });
+    // SAFETY: as above.
+    if unsafe { libc::geteuid() } == 0 {
+        // A region owned by another user is refused by a non-root collector.
+        let foreign = region_dir("foreign");
+        std::fs::create_dir_all(&foreign).unwrap();
+        std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = foreign.join("1-1-1.heapdump");
+        std::fs::copy(&file, &copy).unwrap();
+        std::os::unix::fs::chown(&copy, Some(1), Some(1)).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(heapdump())
+            .args([
+                "snapshot",
+                "--region",
+                copy.to_str().unwrap(),
+                "-o",
+                "/tmp/never.pb.gz",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("Permission denied") || err.contains("not by you"),
+            "{err}"
+        );
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(heapdump())
+            .args([
+                "snapshot",
+                "--region",
+                copy.to_str().unwrap(),
+                "-o",
+                "/tmp/never.pb.gz",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("owned by uid 1, not by you"), "{err}");
+        // The shim refuses a region directory owned by someone else, and the program runs on.
+        let theirs = region_dir("theirs");
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(1), Some(1)).unwrap();
+        let out = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("HEAPDUMP_DIR", &theirs)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not recording"));
+        assert!(std::fs::read_dir(&theirs).unwrap().next().is_none());
+    }
+    assert_eq!(r.finish(), 0);
+}
+
+/// Runs `cmd` (in `cwd`) with and without the shim: same stdout, same status.
+fn same_with_shim(name: &str, cwd_setup: impl Fn(&std::path::Path), cmd: &[&str]) {
+    let mut results = Vec::new();
+    for preload in [false, true] {
+        let cwd = region_dir(&format!("{name}-cwd-{preload}"));
+        std::fs::create_dir_all(&cwd).unwrap();
+        cwd_setup(&cwd);
+        let dir = region_dir(name);
+        let mut c = Command::new(cmd[0]);
+        c.args(&cmd[1..])
+            .current_dir(&cwd)
+            .env("HEAPDUMP_DIR", &dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+            .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+            .env("HOME", &cwd)
+            .stdin(Stdio::null());
+        if preload {
+            c.env("LD_PRELOAD", shim());
+        }
+        let out = c.output().unwrap_or_else(|e| panic!("{name}: {e}"));
+        results.push((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ));
+        if preload {
+            // Every process of the tree that has exited removed its region (a detached
+            // daemon such as `git maintenance` may still be running).
+            let (_, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let dead: Vec<_> = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["status"] != "alive")
+                .collect();
+            assert!(
+                dead.is_empty(),
+                "{name}: regions left after clean exit: {dead:?}"
+            );
+        }
+    }
+    assert_eq!(
+        results[0], results[1],
+        "{name} behaves differently under the shim"
+    );
+    assert_eq!(results[0].0, Some(0), "{name} failed: {}", results[0].1);
+}
+
+#[test]
+fn real_programs_unchanged() {
+    let py = r#"
+import json, re, threading, subprocess, sys
+data = [{"k": i, "v": "x" * (i % 50)} for i in range(20000)]
+s = json.dumps(data)
+assert json.loads(s) == data
+words = re.findall(r"[a-z]+", "the quick brown fox " * 1000)
+out = []
+def work(n): out.append(sum(len(w) * n for w in words))
+ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+r = subprocess.run([sys.executable, "-c", "print(6*7)"], capture_output=True, text=True)
+print(len(s), len(words), sorted(out)[-1], r.stdout.strip())
+"#;
+    same_with_shim("python", |_| {}, &["python3", "-c", py]);
+    same_with_shim(
+        "git",
+        |_| {},
+        &["sh", "-c", "git init -q r && cd r && for i in 1 2 3; do echo $i > f$i; git add f$i; git commit -qm c$i; done && git log --oneline && git count-objects"],
+    );
+    same_with_shim(
+        "gcc",
+        |d| {
+            std::fs::write(
+                d.join("h.c"),
+                "#include <stdio.h>\nint main(void){printf(\"%d\\n\", 6*7);return 0;}\n",
+            )
+            .unwrap()
+        },
+        &["sh", "-c", "gcc -O2 -o h h.c && ./h"],
+    );
+    same_with_shim(
+        "perl",
+        |_| {},
+        &[
+            "perl",
+            "-e",
+            "my %h; $h{$_} = $_ x 3 for 1..50000; print scalar(keys %h), \"\\n\";",
+        ],
+    );
+    same_with_shim(
+        "sqlite3",
+        |_| {},
+        &["sqlite3", ":memory:", "create table t(a, b); with recursive c(x) as (select 1 union all select x+1 from c limit 50000) insert into t select x, printf('%08d', x) from c; select count(*), sum(a), max(b) from t;"],
+    );
+    let channels = target_dir().join("channels");
+    same_with_shim("rust-channels", |_| {}, &[channels.to_str().unwrap()]);
+}
