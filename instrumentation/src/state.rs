@@ -26,6 +26,24 @@ pub static INDEX: AddressIndex = AddressIndex::new();
 static ORPHAN: SpinLock = SpinLock::new();
 /// Thread slot shared by threads that have no slot of their own (exited, or table full).
 pub const ORPHAN_SLOT: u32 = 0;
+/// Allocator calls that arrived while their thread was already inside the shim (the shim's own
+/// libc calls during start-up or thread registration; never on the recording path).
+static NESTED: AtomicU64 = AtomicU64::new(0);
+
+/// Number of allocator calls made from inside the shim so far (see [`NESTED`]); a test reads it
+/// around the recording path to prove that path allocates nothing.
+pub fn nested_calls() -> u64 {
+    NESTED.load(Ordering::Relaxed)
+}
+
+/// Blocks recorded by the calling thread's slot (0 if it has none yet).
+pub fn thread_recorded_allocations() -> u64 {
+    let Some(g) = global() else { return 0 };
+    TLS.with(|t| match t.slot.get() {
+        0 | EXITED => 0,
+        s => g.writer.thread(s - 1).allocs.load(Ordering::Relaxed),
+    })
+}
 
 /// Everything set up once per process.
 #[derive(Debug)]
@@ -142,6 +160,7 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
     };
     TLS.with(|t| {
         if t.guard.replace(true) {
+            NESTED.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         if t.slot.get() == 0 {

@@ -205,6 +205,9 @@ impl<'a> Region<'a> {
         if len < HEADER_SIZE as u64 {
             return Err(ReadError::TooSmall(len));
         }
+        if base as usize % 8 != 0 {
+            return Err(ReadError::Corrupt("region not 8-byte aligned in memory"));
+        }
         // SAFETY: len >= HEADER_SIZE, so the first 16 bytes are readable.
         let head = unsafe { std::slice::from_raw_parts(base, 16) };
         if head[..8] != MAGIC {
