@@ -232,7 +232,7 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
 
     // Live blocks grouped per stack, so alloc_* can go on the same sample when one thread holds
     // all of a stack's live blocks.
-    let mut inuse_by_stack: HashMap<u32, Vec<(u32, u64, u64)>> = HashMap::new();
+    let mut inuse_by_stack: HashMap<u32, Vec<(u32, f64, f64)>> = HashMap::new();
     for (&(stack, tid), &(n, b)) in &c.inuse {
         inuse_by_stack.entry(stack).or_default().push((tid, n, b));
     }
@@ -246,9 +246,10 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
     stacks.dedup();
     for stack in stacks {
         let locs = locations_of(stack);
-        let (an, ab) = c.alloc_totals.get(&stack).copied().unwrap_or((0, 0));
+        let (an, ab) = c.alloc_totals.get(&stack).copied().unwrap_or((0.0, 0.0));
+        let (an, ab) = (an.round() as u64, ab.round() as u64);
         let mut live = inuse_by_stack.remove(&stack).unwrap_or_default();
-        live.sort_unstable();
+        live.sort_unstable_by_key(|e| e.0);
         if opts.with_tags {
             // Per-block samples carry inuse; one untagged sample carries alloc_*.
             if an > 0 {
@@ -276,10 +277,11 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
             } else {
                 (0, 0)
             };
-            let labels = vec![bytes_label(&mut s, b / n.max(1)), thread_label(&mut s, tid)];
+            let mean = (b / n.max(1e-9)).round() as u64;
+            let labels = vec![bytes_label(&mut s, mean), thread_label(&mut s, tid)];
             p.sample.push(pb::Sample {
                 location_id: locs.clone(),
-                value: vec![a0, a1, n as i64, b as i64],
+                value: vec![a0, a1, n.round() as i64, b.round() as i64],
                 label: labels,
             });
         }
@@ -326,6 +328,14 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
             if c.alive { "alive" } else { "exited" }
         ),
         format!("region layout v{}, executable {}", c.info.version, c.info.exe_path),
+        if c.info.sample_interval > 0 {
+            format!(
+                "sampled: one byte in {} on average (Poisson); values are unbiased estimates",
+                c.info.sample_interval
+            )
+        } else {
+            "every allocation recorded (not sampled)".to_owned()
+        },
         format!(
             "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations",
             c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns

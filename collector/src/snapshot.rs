@@ -20,16 +20,26 @@ pub struct Collected {
     pub time_realtime_ns: u64,
     /// Frames (return addresses, leaf first) of every stack used below.
     pub stacks: HashMap<u32, Vec<u64>>,
-    /// Cumulative (allocations, bytes) per stack.
-    pub alloc_totals: HashMap<u32, (u64, u64)>,
-    /// Live (blocks, bytes) per (stack, thread id).
-    pub inuse: HashMap<(u32, u32), (u64, u64)>,
+    /// Cumulative (allocations, bytes) per stack, unbiased when the region was sampled.
+    pub alloc_totals: HashMap<u32, (f64, f64)>,
+    /// Live (blocks, bytes) per (stack, thread id), unbiased when the region was sampled.
+    pub inuse: HashMap<(u32, u32), (f64, f64)>,
     /// Every live block, when asked for (`--with-tags`).
     pub blocks: Option<Vec<Block>>,
     /// Thread slots.
     pub threads: Vec<ThreadInfo>,
     /// Module table.
     pub modules: Vec<Module>,
+}
+
+/// How many blocks of `size` bytes one sampled block stands for, when bytes are sampled as a
+/// Poisson process of mean `interval` (heapprofd, jemalloc; Go's `scaleHeapSample`):
+/// `1 / (1 - exp(-size / interval))`. 1 when `interval` is 0 (every block recorded).
+pub fn weight(size: f64, interval: u64) -> f64 {
+    if interval == 0 || size <= 0.0 {
+        return 1.0;
+    }
+    1.0 / (1.0 - (-size / interval as f64).exp())
 }
 
 /// Snapshots the region in `opened`.
@@ -47,7 +57,8 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
                 .with_context(|| format!("cannot lock {}", opened.path.display()));
         }
     }
-    let mut inuse: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    let interval = region.info().sample_interval;
+    let mut inuse: HashMap<(u32, u32), (f64, f64)> = HashMap::new();
     let mut blocks = with_blocks.then(Vec::new);
     let mut meta = region.snapshot(
         &SnapshotOptions {
@@ -55,9 +66,10 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
             wait_timeout: Duration::from_millis(200),
         },
         |b| {
+            let w = weight(b.size as f64, interval);
             let e = inuse.entry((b.stack, b.thread)).or_default();
-            e.0 += 1;
-            e.1 += b.size;
+            e.0 += w;
+            e.1 += w * b.size as f64;
             if let Some(v) = blocks.as_mut() {
                 v.push(*b);
             }
@@ -82,9 +94,10 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
         }
     };
     for id in 0..region.stack_count() as u32 {
-        let t = region.stack_totals(id);
-        if t.0 > 0 {
-            alloc_totals.insert(id, t);
+        let (n, b) = region.stack_totals(id);
+        if n > 0 {
+            let w = weight(b as f64 / n as f64, interval);
+            alloc_totals.insert(id, (n as f64 * w, b as f64 * w));
             want(id, &mut stacks);
         }
     }

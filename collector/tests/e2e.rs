@@ -295,3 +295,39 @@ fn ambiguous_name_lists_matches() {
     assert_eq!(pprof_raw(&out).total()[2], 1110);
     assert_eq!(b.finish(), 0);
 }
+
+#[test]
+fn sampling_estimates_within_five_percent() {
+    let exe = compile_c("sizes", &[]);
+    let dir = region_dir("sampled");
+    let mut cmd = Command::new(&exe);
+    cmd.env("HEAPDUMP_SAMPLE_INTERVAL", "32768");
+    let r = start(cmd, &dir, true);
+    let (blocks, bytes): (f64, f64) = (r.ready[1].parse().unwrap(), r.ready[2].parse().unwrap());
+    assert!(bytes >= 100.0 * MIB as f64 && blocks >= 100_000.0);
+    let path = snapshot(&dir, r.pid(), &[]);
+    let p = decode(&path);
+    assert_eq!(p.period, 32768);
+    assert_eq!(
+        p.string_table[p.period_type.unwrap().r#type as usize],
+        "space"
+    );
+    let v = sum_through(&p, "hold_blocks");
+    let (est_blocks, est_bytes) = (v[2] as f64, v[3] as f64);
+    eprintln!(
+        "sampled at 32 KiB: inuse_space estimate {est_bytes} vs {bytes} ({:+.2}%), objects {est_blocks} vs {blocks} ({:+.2}%)",
+        100.0 * (est_bytes / bytes - 1.0),
+        100.0 * (est_blocks / blocks - 1.0)
+    );
+    assert!(
+        (est_bytes / bytes - 1.0).abs() < 0.05,
+        "inuse_space estimate off by more than 5%"
+    );
+    assert!(
+        (est_blocks / blocks - 1.0).abs() < 0.05,
+        "inuse_objects estimate off by more than 5%"
+    );
+    // The profile is readable by the reference client.
+    assert!(pprof_raw(&path).total()[3] > 0);
+    assert_eq!(r.finish(), 0);
+}

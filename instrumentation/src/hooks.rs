@@ -21,6 +21,10 @@ pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
     if ptr.is_null() {
         return;
     }
+    let interval = state::sample_interval();
+    if interval != 0 && !state::sample(size as u64, interval) {
+        return;
+    }
     enter(|g, t| insert(g, t, ptr as u64, size as u64, fp));
 }
 

@@ -25,6 +25,8 @@ pub struct Settings {
     pub caps: Capacities,
     /// Record nothing (`HEAPDUMP_DISABLE=1`).
     pub disabled: bool,
+    /// Mean sampling interval in bytes (`HEAPDUMP_SAMPLE_INTERVAL`); 0 records every block.
+    pub sample_interval: u64,
 }
 
 /// Reads `/proc/self/environ` and returns the settings.
@@ -35,6 +37,7 @@ pub fn settings() -> Settings {
         keep: false,
         caps: Capacities::default(),
         disabled: false,
+        sample_interval: 0,
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -61,6 +64,7 @@ pub fn settings() -> Settings {
             }
             b"HEAPDUMP_KEEP" => s.keep = v == b"1" || v == b"true" || v == b"yes",
             b"HEAPDUMP_DISABLE" => s.disabled = v == b"1" || v == b"true" || v == b"yes",
+            b"HEAPDUMP_SAMPLE_INTERVAL" => s.sample_interval = parse_size(v).unwrap_or(0),
             b"HEAPDUMP_MAX_BLOCKS" => {
                 if let Some(x) = parse_size(v) {
                     s.caps.nodes = x.clamp(64, u32::MAX as u64 - 1);
@@ -234,7 +238,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
         exe_ino: st.st_ino,
         exe_path: &exe[..exe_len],
         cmdline: &cmdline[..cmd_len],
-        sample_interval: 0,
+        sample_interval: settings.sample_interval,
     };
     // SAFETY: `p` is a fresh, zero-filled, page-aligned shared mapping of `size` bytes that we
     // never unmap.

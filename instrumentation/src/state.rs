@@ -18,6 +18,8 @@ const READY: u8 = 2;
 const DISABLED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Mean sampling interval in bytes; 0 when every allocation is recorded.
+static SAMPLE_INTERVAL: AtomicU64 = AtomicU64::new(0);
 /// The fork lease this process stored in its region before `fork` (0: none of ours).
 static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
@@ -104,6 +106,10 @@ pub struct Tls {
     ring_len: Cell<usize>,
     /// Stack cache: (hash, id) by hash % CACHE.
     pub cache: UnsafeCell<[(u64, u32); CACHE]>,
+    /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
+    sample_left: Cell<i64>,
+    /// xorshift state for the sampling intervals (0: not seeded yet).
+    rng: Cell<u64>,
 }
 const EXITED: u32 = u32::MAX;
 
@@ -129,6 +135,8 @@ impl Tls {
             ring_head: Cell::new(0),
             ring_len: Cell::new(0),
             cache: UnsafeCell::new([(0, 0); CACHE]),
+            sample_left: Cell::new(i64::MIN),
+            rng: Cell::new(0),
         }
     }
 
@@ -145,6 +153,47 @@ impl Tls {
 
 thread_local! {
     static TLS: Tls = const { Tls::new() };
+}
+
+/// The sampling interval in bytes (0: every allocation is recorded).
+#[inline]
+pub fn sample_interval() -> u64 {
+    SAMPLE_INTERVAL.load(Ordering::Relaxed)
+}
+
+/// Sampling mode: whether an allocation of `size` bytes is sampled. Bytes are sampled as a
+/// Poisson process of mean `interval` (as heapprofd and jemalloc do): the distance to the next
+/// sampled byte is drawn from an exponential distribution, so a block of `size` bytes is
+/// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that.
+#[inline]
+pub fn sample(size: u64, interval: u64) -> bool {
+    TLS.with(|t| {
+        let mut left = t.sample_left.get();
+        if left == i64::MIN {
+            left = draw(t, interval);
+        }
+        left -= size.min(i64::MAX as u64 / 2) as i64;
+        if left > 0 {
+            t.sample_left.set(left);
+            return false;
+        }
+        t.sample_left.set(draw(t, interval));
+        true
+    })
+}
+
+/// An exponentially distributed distance (mean `interval` bytes) to the next sampled byte.
+fn draw(t: &Tls, interval: u64) -> i64 {
+    let mut x = t.rng.get();
+    if x == 0 {
+        x = (t as *const Tls as u64) ^ now_ns() ^ 0x9E37_79B9_7F4A_7C15;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t.rng.set(x);
+    let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    ((-u.ln() * interval as f64).min(i64::MAX as f64 / 4.0) as i64).max(1)
 }
 
 /// Runs `f` with the global and thread state unless recording is off, not yet possible, or the
@@ -205,6 +254,7 @@ fn init_locked() -> bool {
     let Some(created) = region::create(&settings) else {
         return false;
     };
+    SAMPLE_INTERVAL.store(settings.sample_interval, Ordering::Relaxed);
     let Some(stacks) = StackIndex::new() else {
         return false;
     };
@@ -267,8 +317,12 @@ fn thread_name() -> [u8; 16] {
 fn register_thread(g: &Global, t: &Tls) {
     let tid = gettid();
     t.tid.set(tid);
-    t.stack_hi
-        .set(crate::unwind::current_stack_top(tid == g.pid));
+    // A forked child keeps the stack bounds of the thread that forked (which may not be the
+    // process's first thread).
+    if t.stack_hi.get() == 0 {
+        t.stack_hi
+            .set(crate::unwind::current_stack_top(tid == g.pid));
+    }
     match g.writer.claim_thread(tid, &thread_name()) {
         Some(i) => {
             t.slot.set(i + 1);
