@@ -483,3 +483,67 @@ print(len(s), len(words), sorted(out)[-1], r.stdout.strip())
     let channels = target_dir().join("channels");
     same_with_shim("rust-channels", |_| {}, &[channels.to_str().unwrap()]);
 }
+
+#[test]
+fn post_mortem_after_oom_kill() {
+    // A cgroup (v1 memory controller, as on this machine) limited to 64 MiB.
+    let cg = std::path::PathBuf::from(format!(
+        "/sys/fs/cgroup/memory/heapdump-test-{}",
+        std::process::id()
+    ));
+    if std::fs::create_dir(&cg).is_err() {
+        panic!(
+            "cannot create a memory cgroup at {} (needs root and the cgroup v1 memory controller): \
+             the OOM-kill test cannot run here",
+            cg.display()
+        );
+    }
+    std::fs::write(cg.join("memory.limit_in_bytes"), (64u64 << 20).to_string()).unwrap();
+    let _ = std::fs::write(
+        cg.join("memory.memsw.limit_in_bytes"),
+        (64u64 << 20).to_string(),
+    );
+    let exe = compile_c("oom", &[]);
+    let dir = region_dir("oom");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {}",
+            cg.display(),
+            exe.display()
+        ))
+        .env("LD_PRELOAD", shim())
+        .env("HEAPDUMP_DIR", &dir)
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "expected an OOM kill: {:?}",
+        out.status
+    );
+    let (_, list, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let me = &v.as_array().unwrap()[0];
+    assert_eq!(me["status"], "exited");
+    let pid = me["pid"].as_u64().unwrap() as u32;
+    let raw = pprof_raw(&snapshot(&dir, pid, &[]));
+    let g = raw.sum_with("grow");
+    assert!(
+        g[2] >= 16 && g[3] == g[2] << 20,
+        "blocks from grow() after the OOM kill: {g:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir(&cg);
+}
+
+#[test]
+fn fork_from_a_worker_thread() {
+    let exe = compile_c("thread_fork", &[]);
+    let dir = region_dir("thread-fork");
+    let r = start(Command::new(&exe), &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(raw.sum_with("child_alloc_in_thread")[2..], [100, 100 * 100]);
+    assert_eq!(r.finish(), 0);
+}
