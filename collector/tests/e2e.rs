@@ -123,6 +123,22 @@ fn python_bytearray_under_cpython_functions() {
             .any(|l| l.starts_with("Py") || l.starts_with("_Py") || l.contains("bytearray")),
         "leaf frame is not a CPython function: {leaf:?}"
     );
+    // CPython has no frame pointers: the CFI unwinder gets the whole stack.
+    let lines: Vec<&String> = big[0]
+        .locations
+        .iter()
+        .flat_map(|l| &raw.locations[l])
+        .collect();
+    for f in [
+        "PyByteArray_Resize",
+        "_PyEval_EvalFrameDefault",
+        "Py_BytesMain",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(f)),
+            "{f} missing from {lines:#?}"
+        );
+    }
     assert!(raw.total()[3] >= 100 * MIB);
     assert_eq!(r.finish(), 0);
 }
@@ -329,5 +345,28 @@ fn sampling_estimates_within_five_percent() {
     );
     // The profile is readable by the reference client.
     assert!(pprof_raw(&path).total()[3] > 0);
+    assert_eq!(r.finish(), 0);
+}
+
+#[test]
+fn cpp_without_frame_pointers_has_full_stacks() {
+    let exe = target_dir().join("test-bins/containers");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let st = Command::new("g++")
+        .args(["-O2", "-g", "-o"])
+        .arg(&exe)
+        .arg(root().join("examples/c/containers.cc"))
+        .status()
+        .expect("g++ must be installed");
+    assert!(st.success());
+    let dir = region_dir("cpp");
+    let r = start(Command::new(&exe), &dir, true);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    // The map, 1000 map nodes and 1000 string buffers (201 bytes each), through operator new
+    // in libstdc++ and fill_map, neither with frame pointers.
+    let f = raw.sum_with("fill_map()");
+    assert_eq!(f[2], 2001, "{f:?}");
+    assert_eq!(raw.sum_with("main")[2], 2001);
+    assert!(f[3] >= 1000 * 201, "{f:?}");
     assert_eq!(r.finish(), 0);
 }

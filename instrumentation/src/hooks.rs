@@ -39,6 +39,12 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
 
 fn stack_id(g: &Global, t: &Tls, fp: usize) -> u32 {
     let mut frames = [0u64; MAX_FRAMES];
+    #[cfg(target_arch = "x86_64")]
+    let n = match t.dwarf_cache() {
+        Some(cache) => crate::dwarf::walk(fp, t.stack_hi(), cache, &mut frames),
+        None => walk(fp, t.stack_hi(), &mut frames),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, t.stack_hi(), &mut frames);
     let frames = &frames[..n];
     let h = hash_frames(frames);

@@ -16,6 +16,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(target_arch = "x86_64")]
+pub mod dwarf;
 pub mod global_alloc;
 pub mod hooks;
 pub mod index;

@@ -27,6 +27,8 @@ pub struct Settings {
     pub disabled: bool,
     /// Mean sampling interval in bytes (`HEAPDUMP_SAMPLE_INTERVAL`); 0 records every block.
     pub sample_interval: u64,
+    /// Unwind by CFI (`HEAPDUMP_UNWIND=dwarf`, the default) or by frame pointers only (`fp`).
+    pub dwarf: bool,
 }
 
 /// Reads `/proc/self/environ` and returns the settings.
@@ -38,6 +40,7 @@ pub fn settings() -> Settings {
         caps: Capacities::default(),
         disabled: false,
         sample_interval: 0,
+        dwarf: cfg!(target_arch = "x86_64"),
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -65,6 +68,7 @@ pub fn settings() -> Settings {
             b"HEAPDUMP_KEEP" => s.keep = v == b"1" || v == b"true" || v == b"yes",
             b"HEAPDUMP_DISABLE" => s.disabled = v == b"1" || v == b"true" || v == b"yes",
             b"HEAPDUMP_SAMPLE_INTERVAL" => s.sample_interval = parse_size(v).unwrap_or(0),
+            b"HEAPDUMP_UNWIND" => s.dwarf = v == b"dwarf" && cfg!(target_arch = "x86_64"),
             b"HEAPDUMP_MAX_BLOCKS" => {
                 if let Some(x) = parse_size(v) {
                     s.caps.nodes = x.clamp(64, u32::MAX as u64 - 1);

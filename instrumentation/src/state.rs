@@ -20,6 +20,8 @@ const DISABLED: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Mean sampling interval in bytes; 0 when every allocation is recorded.
 static SAMPLE_INTERVAL: AtomicU64 = AtomicU64::new(0);
+/// Whether stacks are unwound by CFI (else by frame pointers).
+static DWARF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// The fork lease this process stored in its region before `fork` (0: none of ours).
 static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
@@ -36,6 +38,13 @@ static NESTED: AtomicU64 = AtomicU64::new(0);
 /// around the recording path to prove that path allocates nothing.
 pub fn nested_calls() -> u64 {
     NESTED.load(Ordering::Relaxed)
+}
+
+/// Whether the calling thread is inside the shim right now: an allocation made now is the
+/// shim's own (its unwinder tables, libc calls at start-up), not the program's, and is not
+/// recorded. A counting inner allocator can use this to keep its tally comparable.
+pub fn inside_shim() -> bool {
+    TLS.with(|t| t.guard.get())
 }
 
 /// Blocks recorded by the calling thread's slot (0 if it has none yet).
@@ -110,6 +119,9 @@ pub struct Tls {
     sample_left: Cell<i64>,
     /// xorshift state for the sampling intervals (0: not seeded yet).
     rng: Cell<u64>,
+    /// CFI rule cache of this thread (null until its first CFI unwind).
+    #[cfg(target_arch = "x86_64")]
+    dwarf_cache: Cell<*mut crate::dwarf::Cache>,
 }
 const EXITED: u32 = u32::MAX;
 
@@ -137,6 +149,8 @@ impl Tls {
             cache: UnsafeCell::new([(0, 0); CACHE]),
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
+            #[cfg(target_arch = "x86_64")]
+            dwarf_cache: Cell::new(std::ptr::null_mut()),
         }
     }
 
@@ -148,6 +162,23 @@ impl Tls {
     /// OS thread id.
     pub fn tid(&self) -> u32 {
         self.tid.get()
+    }
+
+    /// This thread's CFI rule cache, created at first use; `None` when unwinding by frame
+    /// pointers (or before the unwinder exists).
+    #[cfg(target_arch = "x86_64")]
+    pub fn dwarf_cache(&self) -> Option<&mut crate::dwarf::Cache> {
+        if !DWARF.load(Ordering::Relaxed) || !crate::dwarf::ready() {
+            return None;
+        }
+        let mut c = self.dwarf_cache.get();
+        if c.is_null() {
+            // Allocates once per thread, inside the reentrancy guard (straight to glibc).
+            c = crate::dwarf::new_cache();
+            self.dwarf_cache.set(c);
+        }
+        // SAFETY: the cache belongs to this thread, used only inside its reentrancy guard.
+        Some(unsafe { &mut *c })
     }
 }
 
@@ -255,6 +286,7 @@ fn init_locked() -> bool {
         return false;
     };
     SAMPLE_INTERVAL.store(settings.sample_interval, Ordering::Relaxed);
+    DWARF.store(settings.dwarf, Ordering::Relaxed);
     let Some(stacks) = StackIndex::new() else {
         return false;
     };
@@ -296,6 +328,10 @@ pub fn refresh_modules() {
         TLS.with(|t| {
             let outer = t.guard.replace(true);
             crate::modules::refresh(&g.writer, &g.exe[..g.exe_len]);
+            #[cfg(target_arch = "x86_64")]
+            if DWARF.load(Ordering::Relaxed) {
+                crate::dwarf::rebuild();
+            }
             t.guard.set(outer);
         });
     }
@@ -338,6 +374,14 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
     TLS.with(|t| {
         let outer = t.guard.replace(true);
         flush_nodes(g, t);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let c = t.dwarf_cache.replace(std::ptr::null_mut());
+            if !c.is_null() {
+                // SAFETY: created by new_cache for this thread, which no longer uses it.
+                unsafe { crate::dwarf::free_cache(c) };
+            }
+        }
         let slot = value as usize as u32;
         if slot != 0 && t.slot.get() == slot {
             g.writer.release_thread(slot - 1);

@@ -6,12 +6,14 @@
 //! from `alloc_large` (grown by `Vec::reserve_exact` from 512 KiB), prints
 //! `ready PID LIVE_BLOCKS LIVE_BYTES` and waits for stdin to close.
 
+use heapdump_instrumentation::state::inside_shim;
 use heapdump_instrumentation::HeapdumpAlloc;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// The system allocator, counting live blocks and bytes.
+/// The system allocator, counting the program's live blocks and bytes (not the few the
+/// recorder allocates for itself, e.g. its unwind tables: `inside_shim`).
 struct Counting;
 static LIVE_BLOCKS: AtomicU64 = AtomicU64::new(0);
 static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -21,22 +23,24 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: caller's contract.
         let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
+        if !p.is_null() && !inside_shim() {
             LIVE_BLOCKS.fetch_add(1, Relaxed);
             LIVE_BYTES.fetch_add(l.size() as u64, Relaxed);
         }
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE_BLOCKS.fetch_sub(1, Relaxed);
-        LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+        if !inside_shim() {
+            LIVE_BLOCKS.fetch_sub(1, Relaxed);
+            LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+        }
         // SAFETY: caller's contract.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         // SAFETY: caller's contract.
         let q = unsafe { System.realloc(p, l, n) };
-        if !q.is_null() {
+        if !q.is_null() && !inside_shim() {
             LIVE_BYTES.fetch_add(n as u64, Relaxed);
             LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
         }
