@@ -332,38 +332,30 @@ fn region_permissions_and_foreign_regions() {
         std::fs::copy(&file, &copy).unwrap();
         std::os::unix::fs::chown(&copy, Some(1), Some(1)).unwrap();
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let out = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(heapdump())
-            .args([
-                "snapshot",
-                "--region",
-                copy.to_str().unwrap(),
-                "-o",
-                "/tmp/never.pb.gz",
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
+        // The collector, run as `nobody`, on that file.
+        let as_nobody = || {
+            let out = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(heapdump())
+                .args([
+                    "snapshot",
+                    "--region",
+                    copy.to_str().unwrap(),
+                    "-o",
+                    "/tmp/never.pb.gz",
+                ])
+                .output()
+                .unwrap();
+            assert!(!out.status.success());
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
+        let err = as_nobody();
         assert!(
             err.contains("Permission denied") || err.contains("not by you"),
             "{err}"
         );
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o604)).unwrap();
-        let out = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(heapdump())
-            .args([
-                "snapshot",
-                "--region",
-                copy.to_str().unwrap(),
-                "-o",
-                "/tmp/never.pb.gz",
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = as_nobody();
         assert!(err.contains("owned by uid 1, not by you"), "{err}");
         // The shim refuses a region directory owned by someone else, and the program runs on.
         let theirs = region_dir("theirs");

@@ -67,9 +67,13 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
     let stack = stack_id(g, t, fp);
     let w: &RegionWriter = &g.writer;
     let (slot_idx, slot) = acquire_slot(g, t);
+    // Choosing the node (which may take the shared free-list lock) stays outside the operation
+    // window a snapshot may wait on: recycling is safe whenever the lease allows it, and the
+    // record's timestamp is still read inside the window.
+    let node = take_node(g, t, t.last_now());
     RegionWriter::op_begin(slot);
     let now = now_ns();
-    let node = take_node(g, t, now);
+    t.set_last_now(now);
     match node {
         Some(n) => {
             w.publish_node(n, addr, size, stack, t.tid(), now);
@@ -114,6 +118,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     let (slot_idx, slot) = acquire_slot(g, t);
     RegionWriter::op_begin(slot);
     let now = now_ns();
+    t.set_last_now(now);
     let size = g.writer.erase_node(n, now);
     add(&slot.frees, 1);
     add(&slot.free_bytes, size);

@@ -119,6 +119,9 @@ pub struct Tls {
     sample_left: Cell<i64>,
     /// xorshift state for the sampling intervals (0: not seeded yet).
     rng: Cell<u64>,
+    /// Timestamp of this thread's last operation (ns): the "now" for the lease-expiry check
+    /// made before an operation's window.
+    last_now: Cell<u64>,
     /// CFI rule cache of this thread (null until its first CFI unwind).
     #[cfg(target_arch = "x86_64")]
     dwarf_cache: Cell<*mut crate::dwarf::Cache>,
@@ -149,6 +152,7 @@ impl Tls {
             cache: UnsafeCell::new([(0, 0); CACHE]),
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
+            last_now: Cell::new(0),
             #[cfg(target_arch = "x86_64")]
             dwarf_cache: Cell::new(std::ptr::null_mut()),
         }
@@ -162,6 +166,16 @@ impl Tls {
     /// OS thread id.
     pub fn tid(&self) -> u32 {
         self.tid.get()
+    }
+
+    /// Timestamp of this thread's last recorded operation (ns), 0 before the first.
+    pub fn last_now(&self) -> u64 {
+        self.last_now.get()
+    }
+
+    /// Sets [`Self::last_now`].
+    pub fn set_last_now(&self, t: u64) {
+        self.last_now.set(t);
     }
 
     /// This thread's CFI rule cache, created at first use; `None` when unwinding by frame

@@ -173,26 +173,6 @@ impl RegionWriter {
         ok(h.lease.load(Ordering::SeqCst)) && ok(h.fork_lease.load(Ordering::SeqCst))
     }
 
-    /// Reads node `index` under its seqlock: `(address, size, stack, thread, t_alloc)` if the
-    /// node held a block live at time `t`.
-    pub fn read_live_node(&self, index: u32, t: u64) -> Option<(u64, u64, u32, u32, u64)> {
-        let n = self.node(index);
-        let a1 = n.t_alloc.load(Ordering::Acquire);
-        if a1 > t {
-            return None;
-        }
-        let r = (
-            n.address.load(Ordering::Relaxed),
-            n.size.load(Ordering::Relaxed),
-            n.stack.load(Ordering::Relaxed),
-            n.thread.load(Ordering::Relaxed),
-            a1,
-        );
-        let t_free = n.t_free.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        (n.t_alloc.load(Ordering::Relaxed) == a1 && t_free > t).then_some(r)
-    }
-
     /// The capacities this region was laid out with.
     pub fn capacities(&self) -> Capacities {
         let c = |k: u32| self.capacity(k);
