@@ -1,0 +1,912 @@
+#!/usr/bin/env python3
+"""heapdump benchmark harness (issue 4): one command, `python3 bench/run.py`.
+
+What it does, in order:
+
+1. Builds the C workloads in bench/ with `cc -O2 -g -fno-omit-frame-pointer -pthread` into
+   target/bench/ (never cargo: the release build of heapdump must already exist in
+   target/release/).
+2. Finds the peers to compare with, installing the missing Debian packages (heaptrack,
+   libjemalloc2) with apt-get when running as root, and checks what each supports (jemalloc
+   built with profiling? heapdump with HEAPDUMP_SAMPLE_INTERVAL?).
+3. C workload (bench/workload.c) at 1 and 2 threads: every peer run is paired with a run of the
+   bare baseline (glibc malloc) just before it, and the order of the peers rotates from round to
+   round; the table gives, per peer, the median over rounds of peer/baseline for wall and CPU
+   time, and the median peak RSS. Peers: heapdump (default CFI unwinding; frame pointers only
+   with HEAPDUMP_UNWIND=fp; sampled at 512 KiB), heaptrack, jemalloc with and without its
+   profiler. Then the thread scaling (throughput at 2 threads / at 1).
+4. CPython workload (bench/py_workload.py, PYTHONMALLOC=malloc, Debian's /usr/bin/python3):
+   baseline vs heapdump (both unwinders) vs heaptrack, same table.
+5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
+   heapdump; `heapdump snapshot` time and peak RSS, with and without --with-tags; region bytes
+   per block; the target's RSS with and without the shim.
+
+Measurements: wall time is measured around the child with a monotonic clock; CPU time is
+user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
+wait4's ru_maxrss, the peak of the largest single process in that tree (not a sum).
+
+The report (Markdown) goes to stdout; progress goes to stderr. Standard library only.
+"""
+
+import argparse
+import datetime
+import glob
+import gzip
+import os
+import platform
+import re
+import resource
+import select
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# --------------------------------------------------------------------------------------------
+# Paths and constants
+# --------------------------------------------------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_SRC = os.path.join(REPO, "bench")
+BUILD_DIR = os.path.join(REPO, "target", "bench")
+SHIM = os.path.join(REPO, "target", "release", "libheapdump.so")
+HEAPDUMP = os.path.join(REPO, "target", "release", "heapdump")
+
+CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"]
+SAMPLE_INTERVAL = 524288  # 512 KiB, for "heapdump sampled" and "jemalloc prof 512 KiB"
+
+# Environment variables that would change what a run measures; removed from the base env.
+SCRUBBED_ENV = ("LD_PRELOAD", "MALLOC_CONF", "PYTHONMALLOC", "HEAPDUMP_DIR", "HEAPDUMP_KEEP",
+                "HEAPDUMP_DISABLE", "HEAPDUMP_SAMPLE_INTERVAL", "HEAPDUMP_MAX_BLOCKS",
+                "HEAPDUMP_MAX_STACKS", "HEAPDUMP_MAX_THREADS", "GLIBC_TUNABLES")
+
+
+def log(msg):
+    """Progress message (stderr, so that stdout is only the report)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def base_env():
+    env = dict(os.environ)
+    for k in SCRUBBED_ENV:
+        env.pop(k, None)
+    return env
+
+
+def find_jemalloc():
+    """Path of Debian's libjemalloc.so.2 for this architecture, or None."""
+    candidates = []
+    try:
+        multiarch = subprocess.run(["gcc", "-print-multiarch"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+        if multiarch:
+            candidates.append(f"/usr/lib/{multiarch}/libjemalloc.so.2")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    candidates += ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+                   "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"]
+    candidates += glob.glob("/usr/lib/*/libjemalloc.so.2")
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    return None
+
+
+def find_debian_python():
+    """Debian's CPython, never a pyenv shim or a virtualenv."""
+    for c in ("/usr/bin/python3.11", "/usr/bin/python3"):
+        if os.path.exists(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Running one measured command
+# --------------------------------------------------------------------------------------------
+
+class Result:
+    """Outcome of one measured run."""
+
+    def __init__(self):
+        self.ok = False
+        self.error = None      # short description when not ok
+        self.wall = None       # seconds
+        self.cpu = None        # seconds, user+sys of the process tree (waited-for descendants)
+        self.maxrss_kib = None  # ru_maxrss: peak RSS of the largest process in the tree
+        self.stdout = ""
+        self.stderr = ""
+
+    def __repr__(self):
+        if not self.ok:
+            return f"<failed: {self.error}>"
+        return f"<wall {self.wall:.3f}s cpu {self.cpu:.3f}s rss {self.maxrss_kib / 1024:.0f}MiB>"
+
+
+def _tail(text, n=300):
+    """The last meaningful line(s) of a program's stderr, shortened, for an error message."""
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    if not lines:
+        return ""
+    s = lines[-1]
+    return s if len(s) <= n else s[:n] + "…"
+
+
+def run_measured(argv, env, cwd, timeout, stdin=subprocess.DEVNULL):
+    """Run argv to completion and measure it.
+
+    The child gets a session (and so a process group) of its own, so that a timeout can kill it
+    together with everything it started (heaptrack's interpreter, …). Its stdout and stderr go
+    to temporary files, read back afterwards.
+    """
+    res = Result()
+    out = tempfile.TemporaryFile(mode="w+b")
+    err = tempfile.TemporaryFile(mode="w+b")
+    try:
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=out, stderr=err,
+                                 start_new_session=True)
+        except OSError as e:
+            res.error = f"cannot start {argv[0]}: {e}"
+            return res
+
+        lock = threading.Lock()
+        state = {"done": False, "timed_out": False}
+
+        def on_timeout():
+            with lock:
+                if not state["done"]:
+                    state["timed_out"] = True
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+        timer = threading.Timer(timeout, on_timeout)
+        timer.daemon = True
+        timer.start()
+        # Wait for the exit without reaping (WNOWAIT), so the timer can never signal a recycled
+        # pid; then reap with wait4 to get the resource usage of the child and its descendants.
+        while True:
+            try:
+                os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+                break
+            except InterruptedError:
+                continue
+        wall = time.perf_counter() - t0
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
+
+        out.seek(0)
+        err.seek(0)
+        res.stdout = out.read().decode(errors="replace")
+        res.stderr = err.read().decode(errors="replace")
+        res.wall = wall
+        res.cpu = ru.ru_utime + ru.ru_stime
+        res.maxrss_kib = ru.ru_maxrss
+        if state["timed_out"]:
+            res.error = f"timeout after {timeout:.0f} s"
+        elif p.returncode < 0:
+            try:
+                name = signal.Signals(-p.returncode).name
+            except ValueError:
+                name = f"signal {-p.returncode}"
+            res.error = f"killed by {name}" + (f" ({_tail(res.stderr)})" if _tail(res.stderr) else "")
+        elif p.returncode != 0:
+            res.error = f"exit status {p.returncode}" + (f": {_tail(res.stderr)}" if _tail(res.stderr) else "")
+        else:
+            res.ok = True
+        return res
+    finally:
+        out.close()
+        err.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Peers: how to run a command under each profiler
+# --------------------------------------------------------------------------------------------
+
+class Peer:
+    """One way of running a workload.
+
+    `wrap(argv, env, tmpdir)` returns the (argv, env) to run; tmpdir is a fresh, empty
+    directory for the peer's output (heapdump's region, heaptrack's file), removed afterwards.
+    """
+
+    def __init__(self, name, wrap, note=None):
+        self.name = name
+        self.wrap = wrap
+        self.available = True
+        self.skip_reason = None
+        self.note = note  # printed under the table when set
+
+
+def make_peers(jemalloc):
+    def baseline(argv, env, tmp):
+        return argv, env
+
+    def heapdump(argv, env, tmp):
+        e = dict(env, LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+        return argv, e
+
+    def heapdump_sampled(argv, env, tmp):
+        e = dict(env, LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp,
+                 HEAPDUMP_SAMPLE_INTERVAL=str(SAMPLE_INTERVAL))
+        return argv, e
+
+    def heapdump_fp(argv, env, tmp):
+        e = dict(env, LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_UNWIND="fp")
+        return argv, e
+
+    def heaptrack(argv, env, tmp):
+        return ["heaptrack", "-o", os.path.join(tmp, "heaptrack.out")] + list(argv), env
+
+    def jem(conf):
+        def wrap(argv, env, tmp):
+            e = dict(env, LD_PRELOAD=jemalloc or "libjemalloc.so.2")
+            if conf:
+                e["MALLOC_CONF"] = conf
+            return argv, e
+        return wrap
+
+    return {
+        "baseline": Peer("baseline (glibc)", baseline),
+        "heapdump": Peer("heapdump", heapdump),
+        "heapdump-fp": Peer("heapdump, HEAPDUMP_UNWIND=fp", heapdump_fp),
+        "heapdump-sampled": Peer("heapdump sampled 512 KiB", heapdump_sampled),
+        "heaptrack": Peer("heaptrack", heaptrack),
+        "jemalloc": Peer("jemalloc (no profiling)", jem(None)),
+        "jemalloc-prof": Peer("jemalloc prof, every allocation", jem("prof:true,lg_prof_sample:0")),
+        "jemalloc-prof-512k": Peer("jemalloc prof, sampled 512 KiB",
+                                   jem("prof:true,lg_prof_sample:19")),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Setup: build, install, check peers
+# --------------------------------------------------------------------------------------------
+
+def build(cc):
+    """Compile the C workloads into target/bench/. Returns {name: path}."""
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    out = {}
+    for name in ("workload", "hold"):
+        src = os.path.join(BENCH_SRC, name + ".c")
+        exe = os.path.join(BUILD_DIR, name)
+        cmd = [cc] + CFLAGS + ["-o", exe, src]
+        log("build: " + " ".join(shlex.quote(c) for c in cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"build of {src} failed:\n{r.stderr}")
+        out[name] = exe
+    return out
+
+
+def freeze_heapdump_build():
+    """Copy the release shim and collector into target/bench/ and use the copies, so that the
+    whole run measures one build even if target/release/ is rebuilt meanwhile. Returns a line
+    describing that build for the report."""
+    global SHIM, HEAPDUMP
+    frozen = os.path.join(BUILD_DIR, "heapdump-under-test")
+    os.makedirs(frozen, exist_ok=True)
+    desc = []
+    for path in (SHIM, HEAPDUMP):
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing: build heapdump first (cargo build --release)")
+        st = os.stat(path)
+        desc.append(f"{os.path.relpath(path, REPO)} built "
+                    f"{datetime.datetime.fromtimestamp(st.st_mtime).astimezone():%Y-%m-%d %H:%M:%S %Z}")
+        shutil.copy2(path, os.path.join(frozen, os.path.basename(path)))
+    SHIM = os.path.join(frozen, os.path.basename(SHIM))
+    HEAPDUMP = os.path.join(frozen, os.path.basename(HEAPDUMP))
+    head = subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %cI %s"],
+                          capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else "unknown"
+    if dirty.returncode == 0 and dirty.stdout.strip():
+        commit += " (work tree has uncommitted changes)"
+    return f"heapdump under test: {'; '.join(desc)} (copied at start); HEAD {commit}"
+
+
+class BackgroundLoad:
+    """How much CPU other processes used while the harness ran: busy time of all CPUs from
+    /proc/stat minus the CPU time of the harness and its children. A busy machine makes the
+    numbers unreliable (and 2-thread runs especially)."""
+
+    def __init__(self):
+        self.start = (self._busy(), self._ours(), time.monotonic())
+
+    @staticmethod
+    def _busy():
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        # user nice system idle iowait irq softirq steal …: everything but idle and iowait.
+        busy = sum(fields[:8]) - fields[3] - fields[4]
+        return busy / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _ours():
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    def line(self):
+        b0, o0, t0 = self.start
+        b1, o1, t1 = self._busy(), self._ours(), time.monotonic()
+        if b0 is None or b1 is None or t1 <= t0:
+            return None
+        other = max(0.0, (b1 - b0) - (o1 - o0))
+        frac = other / (t1 - t0)
+        warn = (" — WARNING: the machine was not quiet, ratios are noisy (2-thread runs most)"
+                if frac > 0.1 else "")
+        return (f"background load: other processes used {other:.0f} CPU-s in {t1 - t0:.0f} s "
+                f"(on average {frac:.2f} of a core){warn}")
+
+
+def install_missing(packages, allow):
+    """apt-get install the Debian packages given, if root and allowed. Returns a message."""
+    if not packages:
+        return None
+    if not allow:
+        return "not installing " + ", ".join(packages) + " (--no-install)"
+    if os.geteuid() != 0:
+        return "not root: cannot install " + ", ".join(packages) + "; those peers are skipped"
+    if not shutil.which("apt-get"):
+        return "no apt-get: cannot install " + ", ".join(packages)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    log("installing: apt-get update && apt-get install -y " + " ".join(packages))
+    subprocess.run(["apt-get", "update"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends"] + packages,
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        return "apt-get install " + " ".join(packages) + " failed: " + _tail(r.stderr)
+    return "installed " + ", ".join(packages)
+
+
+def hold_start(hold_exe, n, env, timeout):
+    """Start hold.c; wait for its "ready PID" line. Returns (Popen, seconds to ready)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([hold_exe, str(n)], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    buf = b""
+    deadline = t0 + timeout
+    while b"\n" not in buf:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            hold_stop(p, kill=True)
+            raise RuntimeError(f"hold {n}: not ready after {timeout:.0f} s")
+        r, _, _ = select.select([p.stdout], [], [], left)
+        if r:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                err = p.stderr.read().decode(errors="replace")
+                p.wait()
+                raise RuntimeError(f"hold {n} exited ({p.returncode}) before ready: {_tail(err)}")
+            buf += chunk
+    ready = time.perf_counter() - t0
+    line = buf.split(b"\n", 1)[0].decode()
+    if not line.startswith("ready "):
+        hold_stop(p, kill=True)
+        raise RuntimeError(f"hold {n}: unexpected output {line!r}")
+    return p, ready
+
+
+def hold_stop(p, kill=False):
+    """Close hold.c's stdin so it exits (or kill it), and reap it."""
+    if kill:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        p.stdin.close()
+    except OSError:
+        pass
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def proc_status_kib(pid, field):
+    """A `kB` field of /proc/PID/status (VmRSS, VmHWM, …), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def check_sampling(hold_exe, timeout):
+    """Does this heapdump honour HEAPDUMP_SAMPLE_INTERVAL? Looks at the profile's comments."""
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    try:
+        env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp,
+                   HEAPDUMP_SAMPLE_INTERVAL=str(SAMPLE_INTERVAL))
+        p, _ = hold_start(hold_exe, 20000, env, timeout)
+        try:
+            out = os.path.join(tmp, "check.pb.gz")
+            r = run_measured([HEAPDUMP, "snapshot", "--by-pid", str(p.pid), "-o", out],
+                             env, tmp, timeout)
+            if not r.ok:
+                return False, "snapshot failed: " + r.error
+            with gzip.open(out) as f:
+                data = f.read()
+            if b"sampled: one byte in" in data:
+                return True, None
+            return False, "profile comments show no sampling"
+        finally:
+            hold_stop(p)
+    except (RuntimeError, OSError) as e:
+        return False, str(e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def unwind_option_in_source():
+    """True if this checkout's shim reads HEAPDUMP_UNWIND (CFI vs frame-pointer unwinding)."""
+    for path in glob.glob(os.path.join(REPO, "instrumentation", "src", "*.rs")):
+        try:
+            with open(path, errors="replace") as f:
+                if "HEAPDUMP_UNWIND" in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def shm_dir():
+    """Where to put region directories: tmpfs /dev/shm (as in real use) when there."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def setup_peers(args, exes):
+    """Decide which peers run. Returns (peers dict, list of notes for the report)."""
+    notes = []
+    missing = []
+    if not shutil.which("heaptrack"):
+        missing.append("heaptrack")
+    if not find_jemalloc():
+        missing.append("libjemalloc2")
+    msg = install_missing(missing, not args.no_install)
+    if msg:
+        notes.append(msg)
+        log(msg)
+
+    jemalloc = find_jemalloc()
+    peers = make_peers(jemalloc)
+    env = base_env()
+    probe = [exes["workload"], "1", "2000"]
+
+    # heaptrack
+    if not shutil.which("heaptrack"):
+        peers["heaptrack"].available = False
+        peers["heaptrack"].skip_reason = "heaptrack not installed"
+    else:
+        with tempfile.TemporaryDirectory(prefix="heapdump-bench-") as tmp:
+            argv, e = peers["heaptrack"].wrap(probe, env, tmp)
+            r = run_measured(argv, e, tmp, args.timeout)
+            if not r.ok:
+                peers["heaptrack"].available = False
+                peers["heaptrack"].skip_reason = "heaptrack does not work here: " + r.error
+
+    # jemalloc, and whether it was built with profiling
+    jem_keys = ("jemalloc", "jemalloc-prof", "jemalloc-prof-512k")
+    if not jemalloc:
+        for k in jem_keys:
+            peers[k].available = False
+            peers[k].skip_reason = "libjemalloc2 not installed"
+    else:
+        with tempfile.TemporaryDirectory(prefix="heapdump-bench-") as tmp:
+            argv, e = peers["jemalloc"].wrap(probe, env, tmp)
+            r = run_measured(argv, e, tmp, args.timeout)
+            if not r.ok:
+                for k in jem_keys:
+                    peers[k].available = False
+                    peers[k].skip_reason = "jemalloc does not work here: " + r.error
+            else:
+                argv, e = peers["jemalloc-prof"].wrap(probe, env, tmp)
+                r = run_measured(argv, e, tmp, args.timeout)
+                if "Invalid conf pair" in r.stderr:
+                    for k in jem_keys[1:]:
+                        peers[k].available = False
+                        peers[k].skip_reason = "jemalloc built without profiling"
+                elif not r.ok:
+                    for k in jem_keys[1:]:
+                        peers[k].available = False
+                        peers[k].skip_reason = "jemalloc prof fails: " + r.error
+
+    # heapdump's unwinder choice (CFI by default, frame pointers with HEAPDUMP_UNWIND=fp): the
+    # shim matches variable names inline, so look for the variable in this checkout's source.
+    if not unwind_option_in_source():
+        peers["heapdump-fp"].available = False
+        peers["heapdump-fp"].skip_reason = "this heapdump has no HEAPDUMP_UNWIND"
+
+    # heapdump sampling: run the row anyway, but say so if the profile shows no sampling.
+    ok, why = check_sampling(exes["hold"], args.timeout)
+    if not ok:
+        peers["heapdump-sampled"].note = (f"HEAPDUMP_SAMPLE_INTERVAL={SAMPLE_INTERVAL} seems "
+                                          f"unsupported ({why}); the row was measured anyway")
+
+    for p in peers.values():
+        if not p.available:
+            notes.append(f"{p.name}: skipped — {p.skip_reason}")
+            log(f"skip {p.name}: {p.skip_reason}")
+        if p.note:
+            notes.append(f"{p.name}: {p.note}")
+    return peers, notes
+
+
+# --------------------------------------------------------------------------------------------
+# A/B rounds and their summary
+# --------------------------------------------------------------------------------------------
+
+ELAPSED_RE = re.compile(r"threads=(\d+) ops=(\d+) elapsed=([0-9.]+)")
+
+
+def measure_peer(peer, argv, args):
+    """One run of argv under peer, in a fresh temporary directory."""
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    try:
+        a, e = peer.wrap(argv, base_env_for(argv), tmp)
+        return run_measured(a, e, tmp, args.timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def base_env_for(argv):
+    """The base environment; CPython runs get PYTHONMALLOC=malloc (every object via malloc)."""
+    env = base_env()
+    if argv and "python" in os.path.basename(argv[0]):
+        env["PYTHONMALLOC"] = "malloc"
+    return env
+
+
+def ab_rounds(configs, peer_keys, peers, args, label):
+    """Run every (config, peer) pair once per round, each peer run paired with a baseline run
+    just before it. The peer order rotates each round so no peer always runs first.
+
+    configs: list of (config_name, argv). Returns {(config, key): [(baseline, peer), …]}.
+    """
+    keys = [k for k in peer_keys if peers[k].available and k != "baseline"]
+    pairs = {}
+    for rnd in range(args.rounds):
+        order = keys[rnd % len(keys):] + keys[:rnd % len(keys)] if keys else []
+        for cfg, argv in configs:
+            for k in order:
+                b = measure_peer(peers["baseline"], argv, args)
+                x = measure_peer(peers[k], argv, args)
+                pairs.setdefault((cfg, k), []).append((b, x))
+                log(f"{label} round {rnd + 1}/{args.rounds} {cfg}: {peers[k].name}: "
+                    f"baseline {b!r} vs {x!r}")
+    return pairs
+
+
+def fmt_ratio(v):
+    return f"{v:.2f}" if v is not None else "—"
+
+
+def summarize(pairs, cfg, key):
+    """Medians for one row: (wall ratio, cpu ratio, peak RSS MiB, error or None, n failed)."""
+    runs = pairs.get((cfg, key), [])
+    good = [(b, x) for b, x in runs if b.ok and x.ok]
+    failed = [x.error if not x.ok else "baseline: " + b.error for b, x in runs
+              if not (b.ok and x.ok)]
+    if not good:
+        return None, None, None, (failed[0] if failed else "not run"), len(failed)
+    wall = statistics.median(x.wall / b.wall for b, x in good)
+    cpu = statistics.median(x.cpu / b.cpu for b, x in good)
+    rss = statistics.median(x.maxrss_kib for _, x in good) / 1024
+    return wall, cpu, rss, (failed[0] if failed else None), len(failed)
+
+
+def overhead_table(pairs, configs, peer_keys, peers):
+    """The Markdown table | peer | threads | wall × | CPU × | peak RSS MiB |, plus notes."""
+    lines = ["| peer | threads | wall × | CPU × | peak RSS MiB |",
+             "|---|---|---|---|---|"]
+    notes = []
+    for cfg, _ in configs:
+        # Baseline row: the ratio is 1 by definition; RSS from all its runs.
+        base_runs = [b for k in peer_keys for b, _ in pairs.get((cfg, k), []) if b.ok]
+        if base_runs:
+            rss = statistics.median(b.maxrss_kib for b in base_runs) / 1024
+            lines.append(f"| {peers['baseline'].name} | {cfg} | 1.00 | 1.00 | {rss:.0f} |")
+            notes.append(f"baseline, {cfg} thread(s): median wall "
+                         f"{statistics.median(b.wall for b in base_runs):.3f} s, CPU "
+                         f"{statistics.median(b.cpu for b in base_runs):.3f} s "
+                         f"({len(base_runs)} runs)")
+        for k in peer_keys:
+            if k == "baseline":
+                continue
+            p = peers[k]
+            if not p.available:
+                lines.append(f"| {p.name} | {cfg} | skipped: {p.skip_reason} | | |")
+                continue
+            wall, cpu, rss, err, nfail = summarize(pairs, cfg, k)
+            if wall is None:
+                lines.append(f"| {p.name} | {cfg} | failed: {err} | | |")
+                continue
+            lines.append(f"| {p.name} | {cfg} | {fmt_ratio(wall)} | {fmt_ratio(cpu)} | {rss:.0f} |")
+            if err:
+                notes.append(f"{p.name}, {cfg} thread(s): {nfail} run(s) failed: {err}")
+    return lines, notes
+
+
+def scaling_lines(pairs, peer_keys, peers):
+    """Throughput at 2 threads / at 1 thread, from the workload's own timing of its operation
+    phase (so start-up is not counted), medians over all runs."""
+    def throughput(res):
+        m = ELAPSED_RE.search(res.stdout) if res.ok else None
+        if not m:
+            return None
+        t, ops, el = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        return t * ops / el if el > 0 else None
+
+    def runs_of(key, cfg):
+        if key == "baseline":  # every baseline run of every pair counts
+            return [b for k in peer_keys for b, _ in pairs.get((cfg, k), [])]
+        return [x for _, x in pairs.get((cfg, key), [])]
+
+    lines = ["| peer | ops/s, 1 thread | ops/s, 2 threads | scaling 2 / 1 |", "|---|---|---|---|"]
+    for key in peer_keys:
+        if not peers[key].available:
+            continue
+        t1 = [t for t in map(throughput, runs_of(key, "1")) if t]
+        t2 = [t for t in map(throughput, runs_of(key, "2")) if t]
+        if not t1 or not t2:
+            lines.append(f"| {peers[key].name} | — | — | — |")
+            continue
+        m1, m2 = statistics.median(t1), statistics.median(t2)
+        lines.append(f"| {peers[key].name} | {m1 / 1e6:.3f} M | {m2 / 1e6:.3f} M | "
+                     f"{m2 / m1:.2f} |")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Snapshot speed and memory
+# --------------------------------------------------------------------------------------------
+
+def snapshot_bench(hold_exe, sizes, args):
+    """Table rows for the snapshot benchmark, one per number of blocks."""
+    header = ["| blocks | snapshot s | snapshot peak RSS MiB | --with-tags s | "
+              "--with-tags peak RSS MiB | region B/block | target VmHWM MiB, no shim | "
+              "target VmHWM MiB, heapdump | time to allocate s, no shim / heapdump |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    notes = []
+    reps = max(1, min(args.rounds, 3))
+    for n in sizes:
+        label = f"{n / 1e6:g} M"
+        log(f"snapshot: {label} blocks")
+        try:
+            # Without the shim: the target's own footprint.
+            p, ready_bare = hold_start(hold_exe, n, base_env(), args.timeout)
+            try:
+                hwm_bare = proc_status_kib(p.pid, "VmHWM")
+            finally:
+                hold_stop(p)
+
+            tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+            try:
+                env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+                p, ready_hd = hold_start(hold_exe, n, env, args.timeout)
+                try:
+                    hwm_hd = proc_status_kib(p.pid, "VmHWM")
+                    regions = glob.glob(os.path.join(tmp, f"{p.pid}-*.heapdump"))
+                    if len(regions) != 1:
+                        raise RuntimeError(f"expected one region for pid {p.pid}, found "
+                                           f"{len(regions)}")
+                    # Allocated blocks of the sparse file: the same number as `du -B1`.
+                    region_bytes = os.stat(regions[0]).st_blocks * 512
+                    results = {}
+                    for tags in (False, True):
+                        runs = []
+                        for i in range(reps):
+                            out = os.path.join(tmp, f"s{int(tags)}{i}.pb.gz")
+                            argv = [HEAPDUMP, "snapshot", "--by-pid", str(p.pid), "-o", out]
+                            if tags:
+                                argv.append("--with-tags")
+                            r = run_measured(argv, env_without_preload(env), tmp, args.timeout)
+                            log(f"  snapshot{' --with-tags' if tags else ''}: {r!r}")
+                            runs.append(r)
+                            if r.ok and i == 0:
+                                notes.append(f"{label} blocks: profile "
+                                             f"{'with' if tags else 'without'} tags is "
+                                             f"{os.path.getsize(out) / 1024:.0f} KiB")
+                            if os.path.exists(out):
+                                os.unlink(out)
+                        results[tags] = runs
+                finally:
+                    hold_stop(p)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+            def cell(runs):
+                good = [r for r in runs if r.ok]
+                if not good:
+                    return f"failed: {runs[0].error}", ""
+                return (f"{statistics.median(r.wall for r in good):.2f}",
+                        f"{statistics.median(r.maxrss_kib for r in good) / 1024:.0f}")
+
+            s_t, s_m = cell(results[False])
+            t_t, t_m = cell(results[True])
+            rows.append(f"| {label} | {s_t} | {s_m} | {t_t} | {t_m} | {region_bytes / n:.1f} | "
+                        f"{hwm_bare / 1024:.0f} | {hwm_hd / 1024:.0f} | "
+                        f"{ready_bare:.2f} / {ready_hd:.2f} |")
+        except (RuntimeError, OSError) as e:
+            rows.append(f"| {label} | failed: {e} | | | | | | | |")
+    return header + rows, notes
+
+
+def env_without_preload(env):
+    """The collector runs without the shim, but with the same HEAPDUMP_DIR."""
+    e = dict(env)
+    e.pop("LD_PRELOAD", None)
+    e.pop("HEAPDUMP_SAMPLE_INTERVAL", None)
+    return e
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+def machine_lines():
+    out = []
+    out.append(f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    out.append(f"- nproc: {os.cpu_count()}; load average at start: "
+               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    out.append(f"- CPU: {cpu or platform.processor() or 'unknown'}; kernel {platform.release()}; "
+               f"glibc {platform.libc_ver()[1] or '?'}")
+    vers = []
+    for pkg in ("heaptrack", "libjemalloc2", "python3.11"):
+        r = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg], capture_output=True,
+                           text=True)
+        if r.returncode == 0 and r.stdout:
+            vers.append(f"{pkg} {r.stdout}")
+    if vers:
+        out.append("- peers: " + ", ".join(vers))
+    return out
+
+
+def section_c(args, exes, peers, threads, c_keys):
+    """The C workload at each thread count against every peer, and the thread scaling."""
+    configs = [(t, [exes["workload"], t, str(args.ops)]) for t in threads]
+    pairs = ab_rounds(configs, c_keys, peers, args, "C")
+    table, notes = overhead_table(pairs, configs, c_keys, peers)
+    out = [f"## C workload (bench/workload.c, {args.ops} ops per thread, {args.rounds} rounds)",
+           "",
+           "Median over rounds of peer / baseline run just before it (same round); peak RSS is "
+           "wait4's ru_maxrss (largest process of the tree), median.", ""]
+    out += table + [""] + [f"- {n}" for n in notes] + [""]
+    if "1" in threads and "2" in threads:
+        out += ["### Thread scaling (throughput of all threads, operation phase only)", ""]
+        out += scaling_lines(pairs, c_keys, peers) + [""]
+    return out
+
+
+def section_python(args, peers):
+    """CPython under baseline, heapdump (CFI and frame-pointer unwinding) and heaptrack."""
+    py = find_debian_python()
+    if not py:
+        msg = install_missing(["python3"], not args.no_install)
+        if msg:
+            log(msg)
+        py = find_debian_python()
+    out = [f"## CPython workload (bench/py_workload.py {args.py_iters}, PYTHONMALLOC=malloc, "
+           f"{py or 'no Debian python3'}, {args.rounds} rounds)", ""]
+    if not py:
+        return out + ["skipped: Debian's /usr/bin/python3 is missing (apt-get install python3)",
+                      ""]
+    py_keys = ["baseline", "heapdump", "heapdump-fp", "heaptrack"]
+    configs = [("1", [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters)])]
+    pairs = ab_rounds(configs, py_keys, peers, args, "Python")
+    table, notes = overhead_table(pairs, configs, py_keys, peers)
+    return out + table + [""] + [f"- {n}" for n in notes] + [""]
+
+
+def section_snapshot(args, exes):
+    """Snapshot speed and memory at --blocks (and 10 M with --big)."""
+    sizes = [args.blocks] + ([10_000_000] if args.big and args.blocks != 10_000_000 else [])
+    table, notes = snapshot_bench(exes["hold"], sizes, args)
+    out = ["## Snapshot speed and memory (bench/hold.c: 16–64 B blocks, 4 call paths)", "",
+           f"Median of {max(1, min(args.rounds, 3))} snapshots of the same live process; peak "
+           "RSS of the collector from wait4; region bytes = allocated blocks of the sparse "
+           "region file (du -B1) / blocks; VmHWM (peak RSS) of the target read from "
+           "/proc/PID/status while it waits; time to allocate = start to \"ready\".", ""]
+    return out + table + [""] + [f"- {n}" for n in notes] + [""]
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="heapdump benchmark harness: overhead against heaptrack and jemalloc's "
+                    "profiler on a C and a CPython workload, thread scaling, snapshot speed and "
+                    "memory. Prints a Markdown report on stdout, progress on stderr.",
+        epilog="Quick run: python3 bench/run.py --rounds 1 --ops 20000 --py-iters 2000")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="A/B rounds per peer and thread count (default 5)")
+    ap.add_argument("--ops", type=int, default=300000,
+                    help="operations per thread of the C workload (default 300000)")
+    ap.add_argument("--threads", default="1,2",
+                    help="comma-separated thread counts for the C workload (default 1,2)")
+    ap.add_argument("--py-iters", type=int, default=30000,
+                    help="iterations of the CPython workload (default 30000)")
+    ap.add_argument("--blocks", type=int, default=1000000,
+                    help="blocks held for the snapshot benchmark (default 1000000)")
+    ap.add_argument("--big", action="store_true",
+                    help="also run the snapshot benchmark at 10 M blocks")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds before one run is killed and reported as failed (default 600)")
+    ap.add_argument("--no-install", action="store_true",
+                    help="never apt-get install missing peers (heaptrack, libjemalloc2)")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated sections to skip: c, python, snapshot")
+    ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
+    args = ap.parse_args()
+    if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
+        ap.error("--rounds, --ops, --py-iters and --blocks must be positive")
+    threads = [t.strip() for t in args.threads.split(",") if t.strip()]
+    if not all(t.isdigit() and int(t) > 0 for t in threads):
+        ap.error("--threads takes positive integers, e.g. 1,2")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+
+    os.chdir(REPO)
+    load = BackgroundLoad()
+    machine = machine_lines()  # before anything runs: the load average at start
+    build_line = freeze_heapdump_build()
+    exes = build(args.cc)
+    peers, setup_notes = setup_peers(args, exes)
+
+    report = ["# heapdump benchmarks", ""] + machine + [f"- {build_line}", ""]
+    if setup_notes:
+        report += ["Setup:", ""] + [f"- {n}" for n in setup_notes] + [""]
+
+    # Each section is guarded: an unexpected error in one is reported and the others still run.
+    c_keys = ["baseline", "heapdump", "heapdump-fp", "heapdump-sampled", "heaptrack", "jemalloc",
+              "jemalloc-prof", "jemalloc-prof-512k"]
+    sections = [
+        ("c", lambda: section_c(args, exes, peers, threads, c_keys)),
+        ("rust", lambda: ["rust workload: TODO (needs a cargo bench target)", ""]),
+        ("python", lambda: section_python(args, peers)),
+        ("snapshot", lambda: section_snapshot(args, exes)),
+    ]
+    for name, fn in sections:
+        if name in skip:
+            continue
+        try:
+            report += fn()
+        except Exception as e:  # noqa: BLE001 — report, don't lose the other sections
+            log(f"section {name} failed: {e!r}")
+            report += [f"## {name}: failed: {e!r}", ""]
+
+    bg = load.line()
+    if bg:
+        report += [bg, ""]
+    report.append("Command: python3 " + " ".join(shlex.quote(a) for a in sys.argv))
+    print("\n".join(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
