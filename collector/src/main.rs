@@ -275,14 +275,14 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
-    let profile = pprof::build(
+    let (profile, blocks) = pprof::build(
         &c,
         pprof::Options {
             with_tags: p.with_tags,
             symbolize: p.symbolize,
         },
     );
-    pprof::write(&profile, &p.output)?;
+    pprof::write(&profile, blocks.as_ref(), &p.output)?;
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
         c.info.pid,

@@ -75,7 +75,7 @@ fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
 }
 
 /// Builds the profile.
-pub fn build(c: &Collected, opts: Options) -> pb::Profile {
+pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<'_>>) {
     let mut s = Strings::new();
     let mut p = pb::Profile::default();
     for (t, u) in [
@@ -286,38 +286,34 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
             });
         }
     }
-    if let Some(blocks) = &c.blocks {
-        let to_wall = |t: u64| {
-            c.info.created_realtime_ns as i64 + (t as i64 - c.info.created_monotonic_ns as i64)
-        };
-        let mut cache: HashMap<u32, Vec<u64>> = HashMap::new();
-        for b in blocks {
-            let locs = cache
-                .entry(b.stack)
-                .or_insert_with(|| locations_of(b.stack))
-                .clone();
-            let labels = vec![
-                pb::Label {
-                    key: s.id("address"),
-                    num: b.address as i64,
-                    ..Default::default()
-                },
-                bytes_label(&mut s, b.size),
-                pb::Label {
-                    key: s.id("timestamp"),
-                    num: to_wall(b.t_alloc),
-                    num_unit: s.id("nanoseconds"),
-                    ..Default::default()
-                },
-                thread_label(&mut s, b.thread),
-            ];
-            p.sample.push(pb::Sample {
-                location_id: locs,
-                value: vec![0, 0, 1, b.size as i64],
-                label: labels,
-            });
+    // Per-block samples (--with-tags) are encoded while writing, not held in memory: a
+    // profile of 10 M blocks would otherwise need gigabytes.
+    let blocks = c.blocks.as_ref().map(|blocks| {
+        let mut tids: Vec<u32> = blocks.iter().map(|b| b.thread).collect();
+        tids.sort_unstable();
+        tids.dedup();
+        let thread_labels = tids
+            .into_iter()
+            .map(|t| (t, thread_label(&mut s, t)))
+            .collect();
+        let mut stacks: Vec<u32> = blocks.iter().map(|b| b.stack).collect();
+        stacks.sort_unstable();
+        stacks.dedup();
+        BlockSamples {
+            blocks,
+            locations: stacks
+                .into_iter()
+                .map(|st| (st, locations_of(st)))
+                .collect(),
+            thread_labels,
+            key_address: s.id("address"),
+            bytes: bytes_label(&mut s, 0),
+            key_timestamp: s.id("timestamp"),
+            unit_ns: s.id("nanoseconds"),
+            interval: c.info.sample_interval,
+            wall_offset: c.info.created_realtime_ns as i64 - c.info.created_monotonic_ns as i64,
         }
-    }
+    });
 
     let k = &c.info.counters;
     let comments = [
@@ -350,15 +346,89 @@ pub fn build(c: &Collected, opts: Options) -> pb::Profile {
         p.comment.push(i);
     }
     p.string_table = s.table;
-    p
+    (p, blocks)
+}
+
+/// One sample per live block (`--with-tags`), produced while the profile is written.
+#[derive(Debug)]
+pub struct BlockSamples<'a> {
+    blocks: &'a [vmo_layout::Block],
+    locations: HashMap<u32, Vec<u64>>,
+    thread_labels: HashMap<u32, pb::Label>,
+    key_address: i64,
+    /// A `bytes` label (its `num` is set per block).
+    bytes: pb::Label,
+    key_timestamp: i64,
+    unit_ns: i64,
+    interval: u64,
+    /// Realtime minus monotonic clock at region creation (ns).
+    wall_offset: i64,
+}
+
+impl BlockSamples<'_> {
+    /// Appends every per-block sample to `out` as repeated field 2 of `Profile` (protobuf
+    /// merges a repeated field encoded in several pieces), calling `flush` every few MiB.
+    fn encode(
+        &self,
+        out: &mut Vec<u8>,
+        mut flush: impl FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        use prost::Message;
+        let mut sample = pb::Sample::default();
+        for b in self.blocks {
+            let w = crate::snapshot::weight(b.size as f64, self.interval);
+            sample.location_id.clear();
+            sample
+                .location_id
+                .extend_from_slice(self.locations.get(&b.stack).map_or(&[][..], |v| v));
+            sample.value.clear();
+            sample.value.extend_from_slice(&[
+                0,
+                0,
+                w.round() as i64,
+                (w * b.size as f64).round() as i64,
+            ]);
+            sample.label.clear();
+            sample.label.push(pb::Label {
+                key: self.key_address,
+                num: b.address as i64,
+                ..Default::default()
+            });
+            sample.label.push(pb::Label {
+                num: b.size as i64,
+                ..self.bytes
+            });
+            sample.label.push(pb::Label {
+                key: self.key_timestamp,
+                num: b.t_alloc as i64 + self.wall_offset,
+                num_unit: self.unit_ns,
+                ..Default::default()
+            });
+            if let Some(t) = self.thread_labels.get(&b.thread) {
+                sample.label.push(*t);
+            }
+            prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
+            prost::encoding::encode_varint(sample.encoded_len() as u64, out);
+            sample.encode_raw(out);
+            if out.len() >= 4 << 20 {
+                flush(out)?;
+            }
+        }
+        flush(out)
+    }
 }
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Writes `p` gzip-compressed to `path` atomically (a temporary file renamed into place).
-pub fn write(p: &pb::Profile, path: &std::path::Path) -> anyhow::Result<()> {
+/// Writes `p` (and the per-block samples, if any) gzip-compressed to `path` atomically: a
+/// temporary file in the same directory, renamed into place.
+pub fn write(
+    p: &pb::Profile,
+    blocks: Option<&BlockSamples<'_>>,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     use prost::Message;
     use std::io::Write;
@@ -375,11 +445,28 @@ pub fn write(p: &pb::Profile, path: &std::path::Path) -> anyhow::Result<()> {
     ));
     let f =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut gz =
-        flate2::write::GzEncoder::new(std::io::BufWriter::new(f), flate2::Compression::default());
-    gz.write_all(&p.encode_to_vec())
-        .and_then(|_| gz.finish()?.flush())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    // Large per-block profiles favour speed over size.
+    let level = match blocks {
+        Some(b) if b.blocks.len() > 100_000 => flate2::Compression::fast(),
+        _ => flate2::Compression::default(),
+    };
+    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(f), level);
+    let result = (|| -> std::io::Result<()> {
+        gz.write_all(&p.encode_to_vec())?;
+        if let Some(b) = blocks {
+            let mut buf = Vec::with_capacity(5 << 20);
+            b.encode(&mut buf, |buf| {
+                gz.write_all(buf)?;
+                buf.clear();
+                Ok(())
+            })?;
+        }
+        gz.finish()?.flush()
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    }
     std::fs::rename(&tmp, path).with_context(|| format!("cannot rename to {}", path.display()))?;
     Ok(())
 }
