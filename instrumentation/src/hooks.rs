@@ -86,7 +86,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
     // The index is private to this process: updating it (which may grow a shard) stays out of
     // the operation window a snapshot may wait on.
     if let Some(n) = node {
-        let closed = match state::INDEX.insert(addr, n) {
+        let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
             Ok(None) => None,
             // The block at this address was freed behind our back: close its old record.
             Ok(Some(old)) => Some(old),
@@ -114,12 +114,17 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
 }
 
 fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
-    let n = state::INDEX.remove(addr)?;
+    let (n, size32) = state::INDEX.remove(addr)?;
     let (slot_idx, slot) = acquire_slot(g, t);
     RegionWriter::op_begin(slot);
     let now = now_ns();
     t.set_last_now(now);
-    let size = g.writer.erase_node(n, now);
+    let size = if size32 == u32::MAX {
+        g.writer.erase_node(n, now)
+    } else {
+        g.writer.mark_freed(n, now);
+        size32 as u64
+    };
     add(&slot.frees, 1);
     add(&slot.free_bytes, size);
     RegionWriter::op_end(slot);

@@ -20,7 +20,9 @@ const MIN_CAP: usize = 256;
 struct Entry {
     address: u64,
     node: u32,
-    _pad: u32,
+    /// The block's size, so an erase need not read the record (`u32::MAX`: 4 GiB or more,
+    /// read it from the record).
+    size: u32,
 }
 
 struct Table {
@@ -90,22 +92,24 @@ impl AddressIndex {
         &self.shards[(h >> 56) as usize % SHARDS]
     }
 
-    /// Maps `address` to `node`. Returns the node it was mapped to before (a block whose free
+    /// Maps `address` to `node` (a block of `size` bytes, saturated at `u32::MAX`). Returns the
+    /// node it was mapped to before (a block whose free
     /// the shim never saw), or `Err(())` when memory for the index could not be mapped.
-    pub fn insert(&self, address: u64, node: u32) -> Result<Option<u32>, ()> {
+    pub fn insert(&self, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
         debug_assert!(address > TOMBSTONE);
         let h = hash(address);
         let shard = self.shard(h);
         shard.lock.lock();
         // SAFETY: the shard lock is held.
         let t = unsafe { &mut *shard.table.get() };
-        let r = insert_locked(t, h, address, node);
+        let r = insert_locked(t, h, address, node, size);
         shard.lock.unlock();
         r
     }
 
-    /// Removes `address`, returning its node, or `None` if it is not indexed.
-    pub fn remove(&self, address: u64) -> Option<u32> {
+    /// Removes `address`, returning its node and size (as given to `insert`), or `None` if it
+    /// is not indexed.
+    pub fn remove(&self, address: u64) -> Option<(u32, u32)> {
         let h = hash(address);
         let shard = self.shard(h);
         shard.lock.lock();
@@ -174,7 +178,13 @@ impl Default for AddressIndex {
     }
 }
 
-fn insert_locked(t: &mut Table, h: u64, address: u64, node: u32) -> Result<Option<u32>, ()> {
+fn insert_locked(
+    t: &mut Table,
+    h: u64,
+    address: u64,
+    node: u32,
+    size: u32,
+) -> Result<Option<u32>, ()> {
     // Grow (or purge tombstones) past 60% occupancy.
     if (t.used + 1) * 5 > t.cap * 3 {
         grow(t)?;
@@ -188,6 +198,7 @@ fn insert_locked(t: &mut Table, h: u64, address: u64, node: u32) -> Result<Optio
         if e.address == address {
             let old = e.node;
             e.node = node;
+            e.size = size;
             return Ok(Some(old));
         }
         if e.address == TOMBSTONE && first_tomb.is_none() {
@@ -205,6 +216,7 @@ fn insert_locked(t: &mut Table, h: u64, address: u64, node: u32) -> Result<Optio
             let slot = unsafe { &mut *t.entries.add(j) };
             slot.address = address;
             slot.node = node;
+            slot.size = size;
             t.len += 1;
             return Ok(None);
         }
@@ -212,7 +224,7 @@ fn insert_locked(t: &mut Table, h: u64, address: u64, node: u32) -> Result<Optio
     }
 }
 
-fn remove_locked(t: &mut Table, h: u64, address: u64) -> Option<u32> {
+fn remove_locked(t: &mut Table, h: u64, address: u64) -> Option<(u32, u32)> {
     if t.cap == 0 {
         return None;
     }
@@ -224,7 +236,7 @@ fn remove_locked(t: &mut Table, h: u64, address: u64) -> Option<u32> {
         if e.address == address {
             e.address = TOMBSTONE;
             t.len -= 1;
-            return Some(e.node);
+            return Some((e.node, e.size));
         }
         if e.address == EMPTY {
             return None;
@@ -250,7 +262,7 @@ fn grow(t: &mut Table) -> Result<(), ()> {
         // SAFETY: i < old cap.
         let e = unsafe { *t.entries.add(i) };
         if e.address > TOMBSTONE {
-            let _ = insert_locked(&mut nt, hash(e.address), e.address, e.node);
+            let _ = insert_locked(&mut nt, hash(e.address), e.address, e.node, e.size);
         }
     }
     if !t.entries.is_null() {
@@ -277,14 +289,14 @@ mod tests {
             x ^= x << 17;
             let addr = ((x % 50_000) + 2) << 4;
             if x % 3 == 0 {
-                assert_eq!(idx.remove(addr), reference.remove(&addr));
+                assert_eq!(idx.remove(addr).map(|x| x.0), reference.remove(&addr));
             } else {
-                assert_eq!(idx.insert(addr, i).unwrap(), reference.insert(addr, i));
+                assert_eq!(idx.insert(addr, i, i).unwrap(), reference.insert(addr, i));
             }
         }
         assert_eq!(idx.len(), reference.len());
         for (a, n) in reference {
-            assert_eq!(idx.remove(a), Some(n));
+            assert_eq!(idx.remove(a), Some((n, n)));
         }
         assert!(idx.is_empty());
     }

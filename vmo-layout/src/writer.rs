@@ -157,6 +157,12 @@ impl RegionWriter {
         n.t_alloc.store(t, Ordering::Release);
     }
 
+    /// Marks node `index` freed at `t` (ns), without reading it (the caller knows the size).
+    #[inline]
+    pub fn mark_freed(&self, index: u32, t: u64) {
+        self.node(index).t_free.store(t, Ordering::Release);
+    }
+
     /// Marks node `index` freed at `t` (ns) and returns its size in bytes.
     pub fn erase_node(&self, index: u32, t: u64) -> u64 {
         let n = self.node(index);
