@@ -54,20 +54,32 @@ unsafe impl Sync for AddressIndex {}
 // SAFETY: see Sync; the raw pointers are owned mappings.
 unsafe impl Send for AddressIndex {}
 
-/// Locality-preserving hash: the 1 MiB group an address lies in is mixed (MurmurHash3's
-/// fmix64) into the shard (top bits) and a starting slot, and the address's 16-byte granule
-/// within the group is added to it. Blocks allocated next to each other (the common case: a
-/// heap grows by carving consecutive chunks) land in consecutive slots, so inserts and erases
-/// touch few cache lines and pages; unrelated heaps still spread evenly.
+/// MurmurHash3's fmix64.
 #[inline]
-fn hash(address: u64) -> u64 {
-    let mut h = address >> 20;
+fn mix(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
     h ^= h >> 33;
     h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-    h ^= h >> 33;
-    (h & !0xFFFF) | ((h.wrapping_add((address >> 4) & 0xFFFF)) & 0xFFFF)
+    h ^ (h >> 33)
+}
+
+/// Shard selector: the address's 1 MiB group, mixed (top byte used).
+#[inline]
+fn hash(address: u64) -> u64 {
+    mix(address >> 20)
+}
+
+/// Locality-preserving slot in a table of `cap` (a power of two) entries: the address's span
+/// of `cap` 16-byte granules is mixed into a starting slot and the granule's offset in the span
+/// added. Blocks allocated next to each other (a heap carving consecutive chunks) land in
+/// consecutive slots, so inserts and erases touch few cache lines; within a span the mapping is
+/// one-to-one (no self-collisions); different spans spread like a hash.
+#[inline]
+fn slot_of(address: u64, cap: usize) -> usize {
+    let granule = address >> 4;
+    let span = granule >> cap.trailing_zeros();
+    (mix(span).wrapping_add(granule) as usize) & (cap - 1)
 }
 
 impl AddressIndex {
@@ -102,7 +114,7 @@ impl AddressIndex {
         shard.lock.lock();
         // SAFETY: the shard lock is held.
         let t = unsafe { &mut *shard.table.get() };
-        let r = insert_locked(t, h, address, node, size);
+        let r = insert_locked(t, address, node, size);
         shard.lock.unlock();
         r
     }
@@ -115,7 +127,7 @@ impl AddressIndex {
         shard.lock.lock();
         // SAFETY: the shard lock is held.
         let t = unsafe { &mut *shard.table.get() };
-        let r = remove_locked(t, h, address);
+        let r = remove_locked(t, address);
         shard.lock.unlock();
         r
     }
@@ -178,19 +190,13 @@ impl Default for AddressIndex {
     }
 }
 
-fn insert_locked(
-    t: &mut Table,
-    h: u64,
-    address: u64,
-    node: u32,
-    size: u32,
-) -> Result<Option<u32>, ()> {
+fn insert_locked(t: &mut Table, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
     // Grow (or purge tombstones) past 60% occupancy.
     if (t.used + 1) * 5 > t.cap * 3 {
         grow(t)?;
     }
     let mask = t.cap - 1;
-    let mut i = h as usize & mask;
+    let mut i = slot_of(address, t.cap);
     let mut first_tomb = None;
     loop {
         // SAFETY: i <= mask < cap; entries has cap elements.
@@ -224,12 +230,12 @@ fn insert_locked(
     }
 }
 
-fn remove_locked(t: &mut Table, h: u64, address: u64) -> Option<(u32, u32)> {
+fn remove_locked(t: &mut Table, address: u64) -> Option<(u32, u32)> {
     if t.cap == 0 {
         return None;
     }
     let mask = t.cap - 1;
-    let mut i = h as usize & mask;
+    let mut i = slot_of(address, t.cap);
     loop {
         // SAFETY: i < cap.
         let e = unsafe { &mut *t.entries.add(i) };
@@ -262,7 +268,7 @@ fn grow(t: &mut Table) -> Result<(), ()> {
         // SAFETY: i < old cap.
         let e = unsafe { *t.entries.add(i) };
         if e.address > TOMBSTONE {
-            let _ = insert_locked(&mut nt, hash(e.address), e.address, e.node, e.size);
+            let _ = insert_locked(&mut nt, e.address, e.node, e.size);
         }
     }
     if !t.entries.is_null() {
