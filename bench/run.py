@@ -839,6 +839,35 @@ def section_snapshot(args, exes):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def section_rust(args):
+    """The #[global_allocator] path: examples/rust-alloc's bench_alloc (HeapdumpAlloc wrapping
+    the system allocator). Its baseline is the same binary with HEAPDUMP_DISABLE=1, where the
+    wrapper forwards straight to the system allocator."""
+    exe = os.path.join(REPO, "target", "release", "bench_alloc")
+    out = [f"## Rust workload (examples/rust-alloc/src/bin/bench_alloc.rs, #[global_allocator], "
+           f"{args.ops} ops per thread, {args.rounds} rounds)", ""]
+    if not os.path.exists(exe):
+        return out + [f"skipped: {exe} is missing (cargo build --release)", ""]
+
+    def with_env(**extra):
+        def wrap(argv, env, tmp):
+            return argv, dict(env, HEAPDUMP_DIR=tmp, **extra)
+        return wrap
+
+    rust_peers = {
+        "baseline": Peer("baseline (HEAPDUMP_DISABLE=1)", with_env(HEAPDUMP_DISABLE="1")),
+        "heapdump": Peer("heapdump", with_env()),
+        "heapdump-fp": Peer("heapdump, HEAPDUMP_UNWIND=fp", with_env(HEAPDUMP_UNWIND="fp")),
+        "heapdump-sampled": Peer("heapdump sampled 512 KiB",
+                                 with_env(HEAPDUMP_SAMPLE_INTERVAL=str(SAMPLE_INTERVAL))),
+    }
+    keys = list(rust_peers)
+    configs = [(t, [exe, t, str(args.ops)]) for t in ["1", "2"]]
+    pairs = ab_rounds(configs, keys, rust_peers, args, "Rust")
+    table, notes = overhead_table(pairs, configs, keys, rust_peers)
+    return out + table + [""] + [f"- {n}" for n in notes] + [""]
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="heapdump benchmark harness: overhead against heaptrack and jemalloc's "
@@ -862,7 +891,7 @@ def main():
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: c, python, snapshot")
+                    help="comma-separated sections to skip: c, rust, python, snapshot")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
@@ -888,7 +917,7 @@ def main():
               "jemalloc-prof", "jemalloc-prof-512k"]
     sections = [
         ("c", lambda: section_c(args, exes, peers, threads, c_keys)),
-        ("rust", lambda: ["rust workload: TODO (needs a cargo bench target)", ""]),
+        ("rust", lambda: section_rust(args)),
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),
     ]
