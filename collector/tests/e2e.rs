@@ -370,3 +370,40 @@ fn cpp_without_frame_pointers_has_full_stacks() {
     assert!(f[3] >= 1000 * 201, "{f:?}");
     assert_eq!(r.finish(), 0);
 }
+
+#[test]
+fn rust_global_allocator_without_frame_pointers() {
+    // The example and heapdump's rlib built with frame pointers off (a user's default build):
+    // CFI unwinding from the recorder's own registers still finds every allocating function.
+    let target = target_dir().parent().unwrap().join("nofp");
+    let st = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "rust-alloc-example",
+            "--bin",
+            "rust-alloc-example",
+        ])
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", &target)
+        .env("RUSTFLAGS", "-C force-frame-pointers=no")
+        .status()
+        .unwrap();
+    assert!(st.success(), "building the example without frame pointers");
+    let dir = region_dir("rust-nofp");
+    let r = start(
+        Command::new(target.join("release/rust-alloc-example")),
+        &dir,
+        false,
+    );
+    let (blocks, bytes): (i64, i64) = (r.ready[1].parse().unwrap(), r.ready[2].parse().unwrap());
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(raw.sum_with("alloc_small")[2..], [1000, 1000 * KIB]);
+    assert_eq!(raw.sum_with("alloc_medium")[2..], [100, 6400 * KIB]);
+    assert_eq!(raw.sum_with("alloc_large")[2..], [10, 10 * MIB]);
+    let t = raw.total();
+    assert_eq!((t[2], t[3]), (blocks, bytes));
+    assert_eq!(r.finish(), 0);
+}

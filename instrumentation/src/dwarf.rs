@@ -139,21 +139,71 @@ fn eh_frame_address(hdr: &[u8], hdr_avma: u64) -> Option<u64> {
 pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_FRAMES]) -> usize {
     let marker = 0u8;
     let lo = &marker as *const u8 as u64;
-    let hi = stack_hi as u64;
     let fp = fp as u64;
-    if hi == 0 || fp < lo || fp + 16 > hi {
+    if stack_hi == 0 || fp < lo || fp + 16 > stack_hi as u64 || fp % 8 != 0 {
         return 0;
     }
-    let mut read = |addr: u64| -> Result<u64, ()> {
-        if addr >= lo && addr.saturating_add(8) <= hi && addr % 8 == 0 {
+    // SAFETY: fp and fp + 8 lie in this thread's stack above the stack pointer (checked).
+    let (ret, caller_bp) = unsafe { (*((fp + 8) as *const u64), *(fp as *const u64)) };
+    let Some(first) = FrameAddress::from_return_address(ret) else {
+        return 0;
+    };
+    unwind(
+        first,
+        UnwindRegsX86_64::new(ret, fp + 16, caller_bp),
+        lo,
+        stack_hi as u64,
+        cache,
+        out,
+    )
+}
+
+/// Walks the stack by CFI from the registers of the calling function (`pc`, `sp`, `bp`, read
+/// where it runs), needing no frame pointer anywhere; the calling function's own frame is left
+/// out, so the first frame is the return address into its caller.
+#[inline(never)]
+pub fn walk_from(
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    stack_hi: usize,
+    cache: &mut Cache,
+    out: &mut [u64; MAX_FRAMES],
+) -> usize {
+    let marker = 0u8;
+    let lo = &marker as *const u8 as u64;
+    if stack_hi == 0 || sp < lo || sp >= stack_hi as u64 {
+        return 0;
+    }
+    let mut all = [0u64; MAX_FRAMES];
+    let n = unwind(
+        FrameAddress::InstructionPointer(pc),
+        UnwindRegsX86_64::new(pc, sp, bp),
+        lo,
+        stack_hi as u64,
+        cache,
+        &mut all,
+    );
+    let n = n.saturating_sub(1);
+    out[..n].copy_from_slice(&all[1..=n]);
+    n
+}
+
+fn unwind(
+    mut addr: FrameAddress,
+    mut regs: UnwindRegsX86_64,
+    lo: u64,
+    hi: u64,
+    cache: &mut Cache,
+    out: &mut [u64; MAX_FRAMES],
+) -> usize {
+    let mut read = |a: u64| -> Result<u64, ()> {
+        if a >= lo && a.saturating_add(8) <= hi && a % 8 == 0 {
             // SAFETY: the address lies in this thread's mapped stack, above the stack pointer.
-            Ok(unsafe { *(addr as *const u64) })
+            Ok(unsafe { *(a as *const u64) })
         } else {
             Err(())
         }
-    };
-    let (Ok(ret), Ok(caller_bp)) = (read(fp + 8), read(fp)) else {
-        return 0;
     };
     let ptr = UNWINDER.load(Ordering::Acquire);
     if ptr.is_null() {
@@ -161,10 +211,6 @@ pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_F
     }
     // SAFETY: published unwinders are never freed.
     let u = unsafe { &*ptr };
-    let mut regs = UnwindRegsX86_64::new(ret, fp + 16, caller_bp);
-    let Some(mut addr) = FrameAddress::from_return_address(ret) else {
-        return 0;
-    };
     let mut n = 0;
     while n < MAX_FRAMES {
         out[n] = addr.address();

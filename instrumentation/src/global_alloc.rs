@@ -2,8 +2,9 @@
 //! program into a heapdump region, forwarding the allocation itself to any inner
 //! [`GlobalAlloc`] (the system allocator by default).
 
-use crate::frame_pointer;
-use crate::hooks::{record_alloc, record_free};
+use crate::hooks::{record_alloc_from, record_free};
+use crate::unwind::Start;
+use crate::{frame_pointer, here};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,13 +20,15 @@ fn record_modules_once() {
     }
 }
 
-/// Records a block, walking the stack from this function's own frame: whatever the compiler
+/// Records a block, unwinding from this function's own registers: whatever the compiler
 /// inlined into our caller (the allocator, `__rust_alloc`, `RawVec`), the first frame is the
-/// return address into the function that contains the allocation.
+/// return address into the function that contains the allocation. With CFI unwinding (the
+/// default) nothing needs frame pointers; the `fp` fallback uses this function's `rbp`.
 #[inline(never)]
 fn record(p: *mut u8, size: usize) {
     let fp = frame_pointer!();
-    record_alloc(p, size, fp);
+    let (pc, sp) = here!();
+    record_alloc_from(p, size, Start::Here { pc, sp, fp });
 }
 
 /// Records allocations made through `A`.

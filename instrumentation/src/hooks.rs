@@ -8,7 +8,7 @@
 use crate::state::{
     self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls,
 };
-use crate::unwind::{hash_frames, walk};
+use crate::unwind::{hash_frames, walk, Start};
 use std::sync::atomic::Ordering;
 use vmo_layout::clock::now_ns;
 use vmo_layout::v1::MAX_FRAMES;
@@ -18,6 +18,12 @@ use vmo_layout::RegionWriter;
 /// exported allocation function (the walk starts at its caller).
 #[inline]
 pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
+    record_alloc_from(ptr, size, Start::FramePointer(fp));
+}
+
+/// Records a new block `ptr` of `size` requested bytes, its stack captured from `start`.
+#[inline]
+pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
     if ptr.is_null() {
         return;
     }
@@ -25,7 +31,7 @@ pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
     }
-    enter(|g, t| insert(g, t, ptr as u64, size as u64, fp));
+    enter(|g, t| insert(g, t, ptr as u64, size as u64, start));
 }
 
 /// Erases the record of `ptr` (ignored when the shim never saw it). Returns the recorded size.
@@ -37,12 +43,20 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     enter(|g, t| erase(g, t, ptr as u64)).flatten()
 }
 
-fn stack_id(g: &Global, t: &Tls, fp: usize) -> u32 {
+fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     let mut frames = [0u64; MAX_FRAMES];
+    let fp = match start {
+        Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
+    };
     #[cfg(target_arch = "x86_64")]
-    let n = match t.dwarf_cache() {
-        Some(cache) => crate::dwarf::walk(fp, t.stack_hi(), cache, &mut frames),
-        None => walk(fp, t.stack_hi(), &mut frames),
+    let n = match (t.dwarf_cache(), start) {
+        (Some(cache), Start::FramePointer(fp)) => {
+            crate::dwarf::walk(fp, t.stack_hi(), cache, &mut frames)
+        }
+        (Some(cache), Start::Here { pc, sp, fp }) => {
+            crate::dwarf::walk_from(pc, sp, fp as u64, t.stack_hi(), cache, &mut frames)
+        }
+        (None, _) => walk(fp, t.stack_hi(), &mut frames),
     };
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, t.stack_hi(), &mut frames);
@@ -63,8 +77,8 @@ fn stack_id(g: &Global, t: &Tls, fp: usize) -> u32 {
     }
 }
 
-fn insert(g: &Global, t: &Tls, addr: u64, size: u64, fp: usize) {
-    let stack = stack_id(g, t, fp);
+fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
+    let stack = stack_id(g, t, start);
     let w: &RegionWriter = &g.writer;
     let (slot_idx, slot) = acquire_slot(g, t);
     // Choosing the node (which may take the shared free-list lock) stays outside the operation

@@ -31,6 +31,48 @@ macro_rules! frame_pointer {
     }};
 }
 
+/// Reads the program counter and stack pointer where it is expanded: `(pc, sp)`, for
+/// [`crate::dwarf::walk_from`].
+#[macro_export]
+macro_rules! here {
+    () => {{
+        let (pc, sp): (u64, u64);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: reading rip (via lea) and rsp has no side effects.
+        unsafe {
+            ::core::arch::asm!(
+                "lea {pc}, [rip]",
+                "mov {sp}, rsp",
+                pc = out(reg) pc,
+                sp = out(reg) sp,
+                options(nomem, nostack, preserves_flags)
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (pc, sp) = (0u64, 0u64);
+        (pc, sp)
+    }};
+}
+
+/// Where a stack capture starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start {
+    /// The frame pointer of the exported allocation function (compiled with frame pointers):
+    /// frames start at its return address.
+    FramePointer(usize),
+    /// The registers of a recording function that may lack a frame pointer: CFI unwinding
+    /// starts there and drops that function's own frame; `fp` is its `rbp`, used only by the
+    /// frame-pointer fallback.
+    Here {
+        /// Program counter inside the function.
+        pc: u64,
+        /// Stack pointer inside the function.
+        sp: u64,
+        /// `rbp` inside the function.
+        fp: usize,
+    },
+}
+
 /// Walks frame pointers from `fp`; writes return addresses (leaf first) into `out`.
 ///
 /// `stack_hi` is the highest address of this thread's stack (0 when unknown: then only the
