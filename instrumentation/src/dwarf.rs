@@ -20,8 +20,26 @@ use vmo_layout::v1::MAX_FRAMES;
 
 type Mem = &'static [u8];
 type Dwarf = UnwinderX86_64<Mem, MustNotAllocateDuringUnwind>;
-/// A thread's rule cache.
-pub type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+/// Number of framehop rule caches per thread. framehop's cache is direct-mapped with 509
+/// entries (slot = address % 509); picking one of several caches by another hash of the
+/// address multiplies its capacity, which CPython's many call sites need.
+const CACHES: usize = 4;
+
+/// A thread's rule caches.
+pub struct Cache([CacheX86_64<MustNotAllocateDuringUnwind>; CACHES]);
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cache")
+    }
+}
+
+impl Cache {
+    #[inline]
+    fn for_address(&mut self, a: u64) -> &mut CacheX86_64<MustNotAllocateDuringUnwind> {
+        &mut self.0[((a / 509) ^ (a >> 13)) as usize % CACHES]
+    }
+}
 
 static UNWINDER: AtomicPtr<Dwarf> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -32,7 +50,9 @@ pub fn ready() -> bool {
 
 /// A new rule cache (allocates: call inside the reentrancy guard).
 pub fn new_cache() -> *mut Cache {
-    Box::into_raw(Box::new(Cache::new_in()))
+    Box::into_raw(Box::new(Cache(std::array::from_fn(|_| {
+        CacheX86_64::new_in()
+    }))))
 }
 
 /// Frees a cache from [`new_cache`].
@@ -215,7 +235,12 @@ fn unwind(
     while n < MAX_FRAMES {
         out[n] = addr.address();
         n += 1;
-        match u.unwind_frame(addr, &mut regs, cache, &mut read) {
+        match u.unwind_frame(
+            addr,
+            &mut regs,
+            cache.for_address(addr.address()),
+            &mut read,
+        ) {
             Ok(Some(next)) => match FrameAddress::from_return_address(next) {
                 Some(a) if next >= 4096 => addr = a,
                 _ => break,
