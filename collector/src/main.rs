@@ -271,7 +271,27 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             }
         }
     };
+    // Progress on stderr when someone watches it (large regions take seconds).
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    let stage = |what: &str| {
+        if progress {
+            eprintln!(
+                "heapdump: [{:>6.2} s] {what}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    stage(&format!(
+        "snapshotting pid {} ({} records to scan)",
+        info.pid, info.counters.allocs
+    ));
     let c = snapshot::collect(&opened, liveness, p.with_tags)?;
+    stage(&format!(
+        "{} live blocks in {} stack traces; symbolizing",
+        c.meta.blocks,
+        c.stacks.len()
+    ));
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
@@ -282,6 +302,15 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             symbolize: p.symbolize,
         },
     );
+    stage(&format!(
+        "writing {}{}",
+        p.output.display(),
+        if p.with_tags {
+            " (one sample per block)"
+        } else {
+            ""
+        }
+    ));
     pprof::write(&profile, blocks.as_ref(), &p.output)?;
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
