@@ -217,7 +217,7 @@ fn insert_locked(t: &mut Table, address: u64, node: u32, size: u32) -> Result<Op
                     i
                 }
             };
-            // SAFETY: j < cap.
+            // SAFETY: j < cap, and the table holds cap entries.
             let slot = unsafe { &mut *t.entries.add(j) };
             slot.address = address;
             slot.node = node;
