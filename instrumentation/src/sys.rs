@@ -87,11 +87,6 @@ impl SpinLock {
     pub fn unlock(&self) {
         self.0.store(0, Ordering::Release);
     }
-
-    /// Forces the lock open (in a forked child, where the holder no longer exists).
-    pub fn reset(&self) {
-        self.0.store(0, Ordering::Relaxed);
-    }
 }
 
 /// Reads up to `buf.len()` bytes of the file at `path` (NUL-terminated); returns bytes read.

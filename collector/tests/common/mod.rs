@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Lines;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -368,12 +368,5 @@ impl Raw {
             }
         }
         out
-    }
-}
-
-/// Closes stdin of a child (helper for readability).
-pub fn close(stdin: &mut Option<ChildStdin>) {
-    if let Some(mut s) = stdin.take() {
-        let _ = s.flush();
     }
 }
