@@ -478,6 +478,11 @@ print(len(s), len(words), sorted(out)[-1], r.stdout.strip())
 
 #[test]
 fn post_mortem_after_oom_kill() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("post_mortem_after_oom_kill: skipped, needs root to create a memory cgroup");
+        return;
+    }
     // A cgroup (v1 memory controller, as on this machine) limited to 64 MiB.
     let cg = std::path::PathBuf::from(format!(
         "/sys/fs/cgroup/memory/heapdump-test-{}",
