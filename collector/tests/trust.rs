@@ -90,7 +90,7 @@ fn eight_threads_mixed_exact_after_join() {
         }
     }
     let ready = r.wait_line("ready");
-    let (blocks, bytes): (i64, i64) = (ready[1].parse().unwrap(), ready[2].parse().unwrap());
+    let (blocks, bytes) = tally(&ready);
     let raw = pprof_raw(&snapshot(&dir, pid, &[]));
     let w = raw.sum_with("mixed_worker");
     assert_eq!(

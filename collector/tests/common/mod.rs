@@ -89,6 +89,11 @@ impl Running {
     pub fn pid(&self) -> u32 {
         self.ready[0].parse().unwrap()
     }
+    /// The program's own tally from its "ready PID BLOCKS BYTES" line: (blocks, bytes).
+    pub fn tally(&self) -> (i64, i64) {
+        tally(&self.ready)
+    }
+
     /// Waits for the next stdout line starting with `prefix`; returns the words after it.
     pub fn wait_line(&mut self, prefix: &str) -> Vec<String> {
         wait_for(&mut self.lines, prefix)
@@ -369,4 +374,9 @@ impl Raw {
         }
         out
     }
+}
+
+/// (blocks, bytes) from the words after "ready": PID BLOCKS BYTES.
+pub fn tally(ready: &[String]) -> (i64, i64) {
+    (ready[1].parse().unwrap(), ready[2].parse().unwrap())
 }
