@@ -4,7 +4,12 @@
 //! memory, not in the region. It is split into [`SHARDS`] independent open-addressing tables,
 //! each behind its own spin lock: two threads contend only when their addresses fall in the
 //! same shard, and only for the few nanoseconds of a probe. Tables live in anonymous mappings
-//! and double when half full, so memory follows the number of live blocks.
+//! and double past 60% occupancy, so memory follows the number of live blocks.
+//!
+//! Removal shifts the following entries of the probe run back (Knuth's Algorithm R for linear
+//! probing) instead of leaving tombstones: under churn a tombstone table fills up with dead
+//! entries, lengthens every probe and must be rebuilt (a fresh mapping, page faults and an
+//! `munmap` that interrupts every other core) again and again.
 
 use crate::sys::{map_anon, unmap, SpinLock};
 use std::cell::UnsafeCell;
@@ -12,7 +17,6 @@ use std::cell::UnsafeCell;
 /// Number of shards (a power of two).
 pub const SHARDS: usize = 256;
 const EMPTY: u64 = 0;
-const TOMBSTONE: u64 = 1;
 const MIN_CAP: usize = 256;
 
 #[repr(C)]
@@ -29,7 +33,6 @@ struct Table {
     entries: *mut Entry,
     cap: usize,
     len: usize,
-    used: usize, // len + tombstones
 }
 
 #[repr(align(64))]
@@ -90,7 +93,6 @@ impl AddressIndex {
                 entries: std::ptr::null_mut(),
                 cap: 0,
                 len: 0,
-                used: 0,
             }),
         };
         AddressIndex {
@@ -107,7 +109,7 @@ impl AddressIndex {
     /// node it was mapped to before (a block whose free
     /// the shim never saw), or `Err(())` when memory for the index could not be mapped.
     pub fn insert(&self, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
-        debug_assert!(address > TOMBSTONE);
+        debug_assert!(address != EMPTY);
         let h = hash(address);
         let shard = self.shard(h);
         shard.lock.lock();
@@ -158,7 +160,7 @@ impl AddressIndex {
             (0..cap).filter_map(move |i| {
                 // SAFETY: i < cap, and the table is not modified meanwhile (contract).
                 let e = unsafe { *entries.add(i) };
-                (e.address > TOMBSTONE).then_some((e.address, e.node))
+                (e.address != EMPTY).then_some((e.address, e.node))
             })
         })
     }
@@ -190,13 +192,12 @@ impl Default for AddressIndex {
 }
 
 fn insert_locked(t: &mut Table, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
-    // Grow (or purge tombstones) past 60% occupancy.
-    if (t.used + 1) * 5 > t.cap * 3 {
+    // Grow past 60% occupancy.
+    if (t.len + 1) * 5 > t.cap * 3 {
         grow(t)?;
     }
     let mask = t.cap - 1;
     let mut i = slot_of(address, t.cap);
-    let mut first_tomb = None;
     loop {
         // SAFETY: i <= mask < cap; entries has cap elements.
         let e = unsafe { &mut *t.entries.add(i) };
@@ -206,22 +207,12 @@ fn insert_locked(t: &mut Table, address: u64, node: u32, size: u32) -> Result<Op
             e.size = size;
             return Ok(Some(old));
         }
-        if e.address == TOMBSTONE && first_tomb.is_none() {
-            first_tomb = Some(i);
-        }
         if e.address == EMPTY {
-            let j = match first_tomb {
-                Some(j) => j,
-                None => {
-                    t.used += 1;
-                    i
-                }
+            *e = Entry {
+                address,
+                node,
+                size,
             };
-            // SAFETY: j < cap, and the table holds cap entries.
-            let slot = unsafe { &mut *t.entries.add(j) };
-            slot.address = address;
-            slot.node = node;
-            slot.size = size;
             t.len += 1;
             return Ok(None);
         }
@@ -235,19 +226,40 @@ fn remove_locked(t: &mut Table, address: u64) -> Option<(u32, u32)> {
     }
     let mask = t.cap - 1;
     let mut i = slot_of(address, t.cap);
-    loop {
+    let found = loop {
         // SAFETY: i < cap.
-        let e = unsafe { &mut *t.entries.add(i) };
+        let e = unsafe { *t.entries.add(i) };
         if e.address == address {
-            e.address = TOMBSTONE;
-            t.len -= 1;
-            return Some((e.node, e.size));
+            break (e.node, e.size);
         }
         if e.address == EMPTY {
             return None;
         }
         i = (i + 1) & mask;
+    };
+    t.len -= 1;
+    // Close the hole at `i`: an entry further along the run moves into it unless its home slot
+    // lies cyclically after the hole (then a lookup starting at its home would not pass the
+    // hole, so it must stay).
+    let mut hole = i;
+    let mut j = (i + 1) & mask;
+    loop {
+        // SAFETY: j < cap.
+        let e = unsafe { *t.entries.add(j) };
+        if e.address == EMPTY {
+            break;
+        }
+        let home = slot_of(e.address, t.cap);
+        if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+            // SAFETY: hole < cap.
+            unsafe { *t.entries.add(hole) = e };
+            hole = j;
+        }
+        j = (j + 1) & mask;
     }
+    // SAFETY: hole < cap.
+    unsafe { (*t.entries.add(hole)).address = EMPTY };
+    Some(found)
 }
 
 fn grow(t: &mut Table) -> Result<(), ()> {
@@ -261,12 +273,11 @@ fn grow(t: &mut Table) -> Result<(), ()> {
         entries,
         cap: new_cap,
         len: 0,
-        used: 0,
     };
     for i in 0..t.cap {
         // SAFETY: i < old cap.
         let e = unsafe { *t.entries.add(i) };
-        if e.address > TOMBSTONE {
+        if e.address != EMPTY {
             let _ = insert_locked(&mut nt, e.address, e.node, e.size);
         }
     }
@@ -292,7 +303,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let addr = ((x % 50_000) + 2) << 4;
+            let addr = ((x % 50_000) + 1) << 4;
             if x % 3 == 0 {
                 assert_eq!(idx.remove(addr).map(|x| x.0), reference.remove(&addr));
             } else {
