@@ -1,32 +1,128 @@
 //! Stack capture by DWARF CFI (`.eh_frame`), for code built without frame pointers (glibc,
-//! libstdc++, Debian's CPython, Rust's std).
+//! libstdc++, Debian's CPython, Rust's std) as well as code built with them.
 //!
-//! Uses framehop's in-process unwinder with the `MustNotAllocateDuringUnwind` policy: the module
-//! list is built where allocating is safe (the preload constructor, after `dlopen`/`dlclose`, the
-//! first allocation of a Rust program) and published through an atomic pointer; each thread
-//! keeps a rule cache (created at its first capture), so the CFI of a return address is
-//! evaluated once and then found in the cache.
+//! Each frame is unwound by a *rule*: where the canonical frame address (CFA) is (`rsp` or
+//! `rbp` plus an offset), where the caller's `rbp` was saved (if it was), and the return
+//! address at CFA − 8 (the x86-64 psABI's call convention). A thread keeps a direct-mapped
+//! cache of rules keyed by code address ([`Cache`], 1,024 entries, 16 bytes each), so in steady
+//! state unwinding a frame costs one cache probe and one or two reads of the stack — about what
+//! a frame-pointer walk costs. On a miss the rule is computed with gimli from the object's
+//! `.eh_frame_hdr` binary-search table and `.eh_frame` (DWARF 5 §6.4, "Call Frame
+//! Information"; LSB "Exception Frames"), into an unwind context that lives in the cache, so
+//! nothing is allocated while unwinding.
 //!
-//! Module data are slices of the loaded objects' own memory (`.eh_frame_hdr`, `.eh_frame`, the
-//! executable segment), found from `dl_iterate_phdr`. An unwinder replaced by a newer one is
-//! leaked, not freed: another thread may still be walking with it.
+//! The object list (executable ranges and their unwind sections, found with
+//! `dl_iterate_phdr`) is built where allocating is safe (the preload constructor, after
+//! `dlopen`/`dlclose`, the first allocation of a Rust program) and published through an atomic
+//! pointer with a generation number; a thread's cache drops its rules when it sees a newer
+//! generation. A list replaced by a newer one is leaked, not freed: another thread may still be
+//! walking with it.
+//!
+//! Code with no CFI (generated code, objects without `.eh_frame_hdr`) is unwound as if it kept
+//! frame pointers. CFI that is not of the simple forms above (DWARF expressions, as in signal
+//! trampolines) ends the stack trace there.
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{
-    ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, NativeEndian, ParsedEhFrameHdr,
+    Register, RegisterRule, UnwindContext, UnwindContextStorage, UnwindSection, UnwindTableRow,
+    X86_64,
 };
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use vmo_layout::v1::MAX_FRAMES;
 
-type Mem = &'static [u8];
-type Dwarf = UnwinderX86_64<Mem, MustNotAllocateDuringUnwind>;
-/// Number of framehop rule caches per thread. framehop's cache is direct-mapped with 509
-/// entries (slot = address % 509); picking one of several caches by another hash of the
-/// address multiplies its capacity, which CPython's many call sites need.
-const CACHES: usize = 4;
+type Reader = EndianSlice<'static, NativeEndian>;
 
-/// A thread's rule caches.
-pub struct Cache([CacheX86_64<MustNotAllocateDuringUnwind>; CACHES]);
+/// Fixed-size storage for gimli's CFI evaluation (no allocation while unwinding): up to 32
+/// register rules per row (x86-64 functions save at most the 7 callee-saved registers and the
+/// return address) and 4 levels of `DW_CFA_remember_state`. CFI needing more is treated as
+/// having no CFI.
+struct Fixed;
+
+impl UnwindContextStorage<usize> for Fixed {
+    type Rules = [(Register, RegisterRule<usize>); 32];
+    type Stack = [UnwindTableRow<usize, Self>; 4];
+}
+
+/// One loaded object's unwind tables.
+struct Object {
+    /// Executable range `[lo, hi)` (runtime addresses).
+    lo: u64,
+    hi: u64,
+    bases: BaseAddresses,
+    eh_frame: EhFrame<Reader>,
+    hdr: ParsedEhFrameHdr<Reader>,
+}
+
+/// The loaded objects, sorted by `lo`, and the generation they belong to.
+struct Objects {
+    list: Vec<Object>,
+    generation: u64,
+}
+
+impl Objects {
+    fn find(&self, address: u64) -> Option<&Object> {
+        let i = self.list.partition_point(|o| o.lo <= address);
+        let o = self.list.get(i.checked_sub(1)?)?;
+        (address < o.hi).then_some(o)
+    }
+}
+
+static OBJECTS: AtomicPtr<Objects> = AtomicPtr::new(std::ptr::null_mut());
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// How a frame is unwound (see the module docs). 8 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+struct Rule {
+    /// CFA = base register + `cfa_offset` bytes.
+    cfa_offset: i32,
+    /// With [`BP_AT`]: the caller's `rbp` is at CFA + `bp_offset` bytes.
+    bp_offset: i16,
+    /// [`CFA_SP`], [`CFA_BP`] or [`STOP`].
+    kind: u8,
+    /// [`BP_SAME`], [`BP_AT`] or [`BP_LOST`].
+    bp: u8,
+}
+
+const CFA_SP: u8 = 1;
+const CFA_BP: u8 = 2;
+/// End of the stack (return address undefined) or CFI this unwinder does not evaluate.
+const STOP: u8 = 3;
+const BP_SAME: u8 = 0;
+const BP_AT: u8 = 1;
+/// The caller's `rbp` is not recoverable: later frames must not depend on it.
+const BP_LOST: u8 = 2;
+
+const RULE_STOP: Rule = Rule {
+    cfa_offset: 0,
+    bp_offset: 0,
+    kind: STOP,
+    bp: BP_SAME,
+};
+/// The rule of a function that keeps a frame pointer: CFA = rbp + 16, caller's rbp at CFA − 16.
+const RULE_FRAME_POINTER: Rule = Rule {
+    cfa_offset: 16,
+    bp_offset: -16,
+    kind: CFA_BP,
+    bp: BP_AT,
+};
+
+const SLOTS: usize = 4096;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Slot {
+    /// The code address looked up (a return address − 1, or the first frame's pc); 0 = empty.
+    key: u64,
+    rule: Rule,
+}
+
+/// A thread's rule cache and CFI evaluation context (about 24 KiB).
+pub struct Cache {
+    generation: u64,
+    slots: [Slot; SLOTS],
+    ctx: UnwindContext<usize, Fixed>,
+}
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,23 +132,38 @@ impl std::fmt::Debug for Cache {
 
 impl Cache {
     #[inline]
-    fn for_address(&mut self, a: u64) -> &mut CacheX86_64<MustNotAllocateDuringUnwind> {
-        &mut self.0[((a / 509) ^ (a >> 13)) as usize % CACHES]
+    fn rule(&mut self, objects: &Objects, key: u64) -> Rule {
+        let i = (key ^ (key >> 10)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - 12);
+        let slot = &mut self.slots[i as usize % SLOTS];
+        if slot.key == key {
+            return slot.rule;
+        }
+        let rule = compute(objects, &mut self.ctx, key);
+        *slot = Slot { key, rule };
+        rule
     }
 }
 
-static UNWINDER: AtomicPtr<Dwarf> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Whether an unwinder has been built.
+/// Whether the object list has been built.
 pub fn ready() -> bool {
-    !UNWINDER.load(Ordering::Acquire).is_null()
+    !OBJECTS.load(Ordering::Acquire).is_null()
 }
 
-/// A new rule cache (allocates: call inside the reentrancy guard).
+/// A new rule cache, or null when out of memory (allocates: call inside the reentrancy
+/// guard). Built in place on the heap: the cache is too large for a caller's stack frame.
+#[cold]
+#[inline(never)]
 pub fn new_cache() -> *mut Cache {
-    Box::into_raw(Box::new(Cache(std::array::from_fn(|_| {
-        CacheX86_64::new_in()
-    }))))
+    let layout = std::alloc::Layout::new::<Cache>();
+    // SAFETY: the layout has a nonzero size. All-zero bytes are a valid `generation` and valid
+    // empty slots (key 0, a rule of plain integers).
+    let c = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Cache;
+    if !c.is_null() {
+        // SAFETY: `c` is a fresh allocation for a Cache; the context is written without
+        // reading (or dropping) the zeroed bytes there.
+        unsafe { std::ptr::addr_of_mut!((*c).ctx).write(UnwindContext::new_in()) };
+    }
+    c
 }
 
 /// Frees a cache from [`new_cache`].
@@ -64,13 +175,16 @@ pub unsafe fn free_cache(c: *mut Cache) {
     drop(unsafe { Box::from_raw(c) });
 }
 
-/// Rebuilds the unwinder from the objects loaded now (allocates; call where the loader lock is
-/// not held and inside the reentrancy guard).
+/// Rebuilds the object list from the objects loaded now (allocates; call where the loader
+/// lock is not held and inside the reentrancy guard).
 pub fn rebuild() {
-    let mut u: Dwarf = UnwinderX86_64::new();
-    // SAFETY: the callback receives `&mut Dwarf` through `data`, valid for the call.
-    unsafe { libc::dl_iterate_phdr(Some(add_object), &mut u as *mut Dwarf as *mut libc::c_void) };
-    UNWINDER.store(Box::into_raw(Box::new(u)), Ordering::Release);
+    let mut list: Vec<Object> = Vec::new();
+    // SAFETY: the callback receives `&mut Vec<Object>` through `data`, valid for the call.
+    unsafe { libc::dl_iterate_phdr(Some(add_object), &mut list as *mut Vec<Object> as *mut _) };
+    list.sort_by_key(|o| o.lo);
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    let objects = Box::new(Objects { list, generation });
+    OBJECTS.store(Box::into_raw(objects), Ordering::Release);
 }
 
 unsafe extern "C" fn add_object(
@@ -78,77 +192,117 @@ unsafe extern "C" fn add_object(
     _size: libc::size_t,
     data: *mut libc::c_void,
 ) -> libc::c_int {
-    // SAFETY: dl_iterate_phdr passes our unwinder and a valid info for this call.
-    let (u, info) = unsafe { (&mut *(data as *mut Dwarf), &*info) };
+    // SAFETY: dl_iterate_phdr passes our list and a valid info for this call.
+    let (list, info) = unsafe { (&mut *(data as *mut Vec<Object>), &*info) };
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
     // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-    let base = info.dlpi_addr;
-    let loads: Vec<&libc::Elf64_Phdr> =
-        phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD).collect();
-    let (Some(lo), Some(hi)) = (
-        loads.iter().map(|p| p.p_vaddr).min(),
-        loads.iter().map(|p| p.p_vaddr + p.p_memsz).max(),
-    ) else {
-        return 0;
-    };
-    let Some(hdr) = phdrs.iter().find(|p| p.p_type == libc::PT_GNU_EH_FRAME) else {
-        return 0;
-    };
-    let mem = |svma: u64, len: u64| -> Mem {
-        // SAFETY: the range lies in a PT_LOAD segment of a loaded object, mapped readable
-        // while the object stays loaded.
-        unsafe { std::slice::from_raw_parts((base + svma) as *const u8, len as usize) }
-    };
-    let hdr_data = mem(hdr.p_vaddr, hdr.p_memsz);
-    let Some(eh_svma) =
-        eh_frame_address(hdr_data, base + hdr.p_vaddr).map(|a| a.wrapping_sub(base))
-    else {
-        return 0;
-    };
-    let Some(seg) = loads
-        .iter()
-        .find(|p| eh_svma >= p.p_vaddr && eh_svma < p.p_vaddr + p.p_filesz)
-    else {
-        return 0;
-    };
-    let eh_len = seg.p_vaddr + seg.p_filesz - eh_svma;
-    let text = loads.iter().find(|p| p.p_flags & libc::PF_X != 0);
-    let section_info = ExplicitModuleSectionInfo {
-        base_svma: 0,
-        text_svma: text.map(|t| t.p_vaddr..t.p_vaddr + t.p_filesz),
-        text: text.map(|t| mem(t.p_vaddr, t.p_filesz)),
-        eh_frame_svma: Some(eh_svma..eh_svma + eh_len),
-        eh_frame: Some(mem(eh_svma, eh_len)),
-        eh_frame_hdr_svma: Some(hdr.p_vaddr..hdr.p_vaddr + hdr.p_memsz),
-        eh_frame_hdr: Some(hdr_data),
-        ..Default::default()
-    };
-    // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-    let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
-        .to_string_lossy()
-        .into_owned();
-    u.add_module(Module::new(name, base + lo..base + hi, base, section_info));
+    if let Some(o) = object(info.dlpi_addr, phdrs) {
+        list.push(o);
+    }
     0
 }
 
-/// The `.eh_frame` address encoded in an `.eh_frame_hdr` at runtime address `hdr_avma`.
-fn eh_frame_address(hdr: &[u8], hdr_avma: u64) -> Option<u64> {
-    if hdr.len() < 8 || hdr[0] != 1 {
+/// The unwind tables of the object loaded at `base` with program headers `phdrs`.
+fn object(base: u64, phdrs: &[libc::Elf64_Phdr]) -> Option<Object> {
+    let text = phdrs
+        .iter()
+        .find(|p| p.p_type == libc::PT_LOAD && p.p_flags & libc::PF_X != 0)?;
+    let hdr = phdrs.iter().find(|p| p.p_type == libc::PT_GNU_EH_FRAME)?;
+    let mem = |avma: u64, len: u64| -> &'static [u8] {
+        // SAFETY: the range lies in a PT_LOAD segment of a loaded object (checked by the
+        // callers below), mapped readable while the object stays loaded.
+        unsafe { std::slice::from_raw_parts(avma as *const u8, len as usize) }
+    };
+    let in_load = |avma: u64, len: u64| {
+        phdrs.iter().any(|p| {
+            p.p_type == libc::PT_LOAD
+                && avma >= base + p.p_vaddr
+                && avma + len <= base + p.p_vaddr + p.p_filesz
+        })
+    };
+    let hdr_avma = base + hdr.p_vaddr;
+    if !in_load(hdr_avma, hdr.p_memsz) {
         return None;
     }
-    let enc = hdr[1];
-    let field = &hdr[4..];
-    let field_avma = hdr_avma + 4;
-    let raw: i64 = match enc & 0x0f {
-        0x00 | 0x04 | 0x0c => i64::from_ne_bytes(field.get(..8)?.try_into().ok()?),
-        0x03 => u32::from_ne_bytes(field.get(..4)?.try_into().ok()?) as i64,
-        0x0b => i32::from_ne_bytes(field.get(..4)?.try_into().ok()?) as i64,
-        _ => return None,
+    let bases = BaseAddresses::default()
+        .set_eh_frame_hdr(hdr_avma)
+        .set_text(base + text.p_vaddr);
+    let parsed = EhFrameHdr::new(mem(hdr_avma, hdr.p_memsz), NativeEndian)
+        .parse(&bases, 8)
+        .ok()?;
+    let gimli::Pointer::Direct(eh_avma) = parsed.eh_frame_ptr() else {
+        return None;
     };
-    match enc & 0x70 {
-        0x00 => Some(raw as u64),
-        0x10 => Some(field_avma.wrapping_add(raw as u64)),
-        _ => None,
+    // `.eh_frame` runs to the end of its segment's file-backed part at most.
+    let seg = phdrs.iter().find(|p| {
+        p.p_type == libc::PT_LOAD
+            && eh_avma >= base + p.p_vaddr
+            && eh_avma < base + p.p_vaddr + p.p_filesz
+    })?;
+    let eh_len = base + seg.p_vaddr + seg.p_filesz - eh_avma;
+    let bases = bases.set_eh_frame(eh_avma);
+    let mut eh_frame = EhFrame::new(mem(eh_avma, eh_len), NativeEndian);
+    eh_frame.set_address_size(8);
+    Some(Object {
+        lo: base + text.p_vaddr,
+        hi: base + text.p_vaddr + text.p_memsz,
+        bases,
+        eh_frame,
+        hdr: parsed,
+    })
+}
+
+/// The rule for code address `key`, from its object's CFI.
+#[cold]
+fn compute(objects: &Objects, ctx: &mut UnwindContext<usize, Fixed>, key: u64) -> Rule {
+    let Some(o) = objects.find(key) else {
+        return RULE_FRAME_POINTER;
+    };
+    let Some(table) = o.hdr.table() else {
+        return RULE_FRAME_POINTER;
+    };
+    match table.unwind_info_for_address(&o.eh_frame, &o.bases, ctx, key, EhFrame::cie_from_offset) {
+        Ok(row) => rule_of(row),
+        Err(_) => RULE_FRAME_POINTER,
+    }
+}
+
+/// Reduces a CFI row to a [`Rule`] ([`RULE_STOP`] when it is not of a supported form).
+fn rule_of(row: &UnwindTableRow<usize, Fixed>) -> Rule {
+    match row.register(X86_64::RA) {
+        None | Some(RegisterRule::Offset(-8)) => {}
+        _ => return RULE_STOP,
+    }
+    let (kind, cfa_offset) = match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let kind = match register {
+                X86_64::RSP => CFA_SP,
+                X86_64::RBP => CFA_BP,
+                _ => return RULE_STOP,
+            };
+            match i32::try_from(offset) {
+                Ok(o) => (kind, o),
+                Err(_) => return RULE_STOP,
+            }
+        }
+        CfaRule::Expression(_) => return RULE_STOP,
+    };
+    let (bp, bp_offset) = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue) => (BP_SAME, 0),
+        Some(RegisterRule::Offset(o)) => match i16::try_from(o) {
+            Ok(o) if o % 8 == 0 => (BP_AT, o),
+            _ => (BP_LOST, 0),
+        },
+        Some(_) => (BP_LOST, 0),
+    };
+    Rule {
+        cfa_offset,
+        bp_offset,
+        kind,
+        bp,
     }
 }
 
@@ -165,16 +319,19 @@ pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_F
     }
     // SAFETY: fp and fp + 8 lie in this thread's stack above the stack pointer (checked).
     let (ret, caller_bp) = unsafe { (*((fp + 8) as *const u64), *(fp as *const u64)) };
-    let Some(first) = FrameAddress::from_return_address(ret) else {
+    if ret < 4096 {
         return 0;
-    };
+    }
+    out[0] = ret;
     unwind(
-        first,
-        UnwindRegsX86_64::new(ret, fp + 16, caller_bp),
+        ret - 1,
+        fp + 16,
+        caller_bp,
         lo,
         stack_hi as u64,
         cache,
         out,
+        1,
     )
 }
 
@@ -195,58 +352,97 @@ pub fn walk_from(
     if stack_hi == 0 || sp < lo || sp >= stack_hi as u64 {
         return 0;
     }
-    let mut all = [0u64; MAX_FRAMES];
-    let n = unwind(
-        FrameAddress::InstructionPointer(pc),
-        UnwindRegsX86_64::new(pc, sp, bp),
-        lo,
-        stack_hi as u64,
-        cache,
-        &mut all,
-    );
-    let n = n.saturating_sub(1);
-    out[..n].copy_from_slice(&all[1..=n]);
-    n
+    unwind(pc, sp, bp, lo, stack_hi as u64, cache, out, 0)
 }
 
+/// Unwinds from the frame executing at code address `key` with registers `sp`, `bp`, appending
+/// return addresses to `out[n..]`; stack reads stay within `[lo, hi)`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn unwind(
-    mut addr: FrameAddress,
-    mut regs: UnwindRegsX86_64,
+    mut key: u64,
+    mut sp: u64,
+    mut bp: u64,
     lo: u64,
     hi: u64,
     cache: &mut Cache,
     out: &mut [u64; MAX_FRAMES],
+    mut n: usize,
 ) -> usize {
-    let mut read = |a: u64| -> Result<u64, ()> {
-        if a >= lo && a.saturating_add(8) <= hi && a % 8 == 0 {
+    let ptr = OBJECTS.load(Ordering::Acquire);
+    if ptr.is_null() {
+        return n;
+    }
+    // SAFETY: published object lists are never freed.
+    let objects = unsafe { &*ptr };
+    if cache.generation != objects.generation {
+        cache.slots.iter_mut().for_each(|s| s.key = 0);
+        cache.generation = objects.generation;
+    }
+    let read = |a: u64| -> Option<u64> {
+        if a >= lo && a <= hi.wrapping_sub(8) && a % 8 == 0 {
             // SAFETY: the address lies in this thread's mapped stack, above the stack pointer.
-            Ok(unsafe { *(a as *const u64) })
+            Some(unsafe { *(a as *const u64) })
         } else {
-            Err(())
+            None
         }
     };
-    let ptr = UNWINDER.load(Ordering::Acquire);
-    if ptr.is_null() {
-        return 0;
-    }
-    // SAFETY: published unwinders are never freed.
-    let u = unsafe { &*ptr };
-    let mut n = 0;
     while n < MAX_FRAMES {
-        out[n] = addr.address();
-        n += 1;
-        match u.unwind_frame(
-            addr,
-            &mut regs,
-            cache.for_address(addr.address()),
-            &mut read,
-        ) {
-            Ok(Some(next)) => match FrameAddress::from_return_address(next) {
-                Some(a) if next >= 4096 => addr = a,
-                _ => break,
-            },
+        let rule = cache.rule(objects, key);
+        let base = match rule.kind {
+            CFA_SP => sp,
+            CFA_BP => bp,
             _ => break,
+        };
+        let cfa = base.wrapping_add(rule.cfa_offset as i64 as u64);
+        // Each frame lies above the one it called: no progress means bad CFI or a bad rbp.
+        if cfa <= sp {
+            break;
         }
+        let Some(ret) = read(cfa.wrapping_sub(8)) else {
+            break;
+        };
+        match rule.bp {
+            BP_SAME => {}
+            BP_AT => match read(cfa.wrapping_add(rule.bp_offset as i64 as u64)) {
+                Some(v) => bp = v,
+                None => break,
+            },
+            _ => bp = 0,
+        }
+        sp = cfa;
+        if ret < 4096 {
+            break;
+        }
+        out[n] = ret;
+        n += 1;
+        key = ret - 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_of_common_rows() {
+        // Exercised end to end by tests/unwind_vs_backtrace.rs; here, the object list.
+        rebuild();
+        // SAFETY: just published, never freed.
+        let objects = unsafe { &*OBJECTS.load(Ordering::Acquire) };
+        let here = rules_of_common_rows as usize as u64;
+        let o = objects
+            .find(here)
+            .expect("this test's own code is in a known object");
+        assert!(o.lo <= here && here < o.hi);
+        let c = new_cache();
+        // SAFETY: fresh cache, used only here.
+        let cache = unsafe { &mut *c };
+        let r = cache.rule(objects, here + 1);
+        assert_ne!(r.kind, STOP, "{r:?}");
+        assert_eq!(cache.rule(objects, here + 1), r);
+        // SAFETY: from new_cache, not used again.
+        unsafe { free_cache(c) };
+    }
 }

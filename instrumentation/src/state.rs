@@ -189,6 +189,9 @@ impl Tls {
         if c.is_null() {
             // Allocates once per thread, inside the reentrancy guard (straight to glibc).
             c = crate::dwarf::new_cache();
+            if c.is_null() {
+                return None;
+            }
             self.dwarf_cache.set(c);
         }
         // SAFETY: the cache belongs to this thread, used only inside its reentrancy guard.
