@@ -133,8 +133,10 @@ impl std::fmt::Debug for Cache {
 impl Cache {
     #[inline]
     fn rule(&mut self, objects: &Objects, key: u64) -> Rule {
-        let i = (key ^ (key >> 10)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - 12);
-        let slot = &mut self.slots[i as usize % SLOTS];
+        // Return addresses differ in their low bits; folding in the page number spreads code
+        // that repeats at page-aligned offsets. No multiply: this is on the frame-to-frame
+        // dependency chain.
+        let slot = &mut self.slots[(key ^ (key >> 12)) as usize % SLOTS];
         if slot.key == key {
             return slot.rule;
         }

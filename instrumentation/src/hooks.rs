@@ -78,13 +78,49 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
 }
 
 fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
-    let stack = stack_id(g, t, start);
-    let w: &RegionWriter = &g.writer;
-    let (slot_idx, slot) = acquire_slot(g, t);
+    // The index line and the record this insert will write are likely not in the cache:
+    // start loading both now, so the stack walk overlaps the memory latency.
+    state::INDEX.prefetch(addr);
     // Choosing the node (which may take the shared free-list lock) stays outside the operation
     // window a snapshot may wait on: recycling is safe whenever the lease allows it, and the
     // record's timestamp is still read inside the window.
     let node = take_node(g, t, t.last_now());
+    if let Some(n) = node {
+        g.writer.prefetch_node(n);
+    }
+    let stack = stack_id(g, t, start);
+    let w: &RegionWriter = &g.writer;
+    let (slot_idx, slot) = acquire_slot(g, t);
+    // The index is private to this process: updating it (which may grow a shard) stays out of
+    // the operation window a snapshot may wait on. Nobody can free `addr` before this call
+    // returns, so indexing it before its record is published is safe; doing it first keeps
+    // the index lock's locked instruction from waiting on the record's stores.
+    let mut node = node;
+    if let Some(n) = node {
+        let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
+            Ok(None) => None,
+            // The block at this address was freed behind our back: close its old record.
+            Ok(Some(old)) => Some(old),
+            // No memory for the index: the record could never be erased, so drop it.
+            Err(()) => {
+                node = None;
+                recycle_node(g, t, n);
+                None
+            }
+        };
+        if let Some(c) = closed {
+            RegionWriter::op_begin(slot);
+            let now = now_ns();
+            let old_size = w.erase_node(c, now);
+            add(&slot.frees, 1);
+            add(&slot.free_bytes, old_size);
+            RegionWriter::op_end(slot);
+            recycle_node(g, t, c);
+        }
+    }
+    if stack != u32::MAX {
+        w.count_alloc(stack, slot_idx as usize, size);
+    }
     RegionWriter::op_begin(slot);
     let now = now_ns();
     t.set_last_now(now);
@@ -97,33 +133,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
         None => add(&slot.dropped, 1),
     }
     RegionWriter::op_end(slot);
-    // The index is private to this process: updating it (which may grow a shard) stays out of
-    // the operation window a snapshot may wait on.
-    if let Some(n) = node {
-        let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
-            Ok(None) => None,
-            // The block at this address was freed behind our back: close its old record.
-            Ok(Some(old)) => Some(old),
-            // No memory for the index: the record could never be erased, so drop it.
-            Err(()) => Some(n),
-        };
-        if let Some(c) = closed {
-            RegionWriter::op_begin(slot);
-            let now = now_ns();
-            let old_size = w.erase_node(c, now);
-            if c == n {
-                add(&slot.dropped, 1);
-            }
-            add(&slot.frees, 1);
-            add(&slot.free_bytes, old_size);
-            RegionWriter::op_end(slot);
-            recycle_node(g, t, c);
-        }
-    }
     release_slot(slot_idx);
-    if stack != u32::MAX {
-        w.count_alloc(stack, slot_idx as usize, size);
-    }
     tick(g, t, slot_idx);
 }
 

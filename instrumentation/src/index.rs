@@ -13,6 +13,7 @@
 
 use crate::sys::{map_anon, unmap, SpinLock};
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// Number of shards (a power of two).
 pub const SHARDS: usize = 256;
@@ -39,6 +40,10 @@ struct Table {
 struct Shard {
     lock: SpinLock,
     table: UnsafeCell<Table>,
+    /// Copies of `table.entries` and `table.cap` for [`AddressIndex::prefetch`], read without
+    /// the lock (a stale pair only makes the prefetch useless).
+    hint_entries: AtomicPtr<Entry>,
+    hint_cap: AtomicUsize,
 }
 
 /// The sharded index.
@@ -94,6 +99,8 @@ impl AddressIndex {
                 cap: 0,
                 len: 0,
             }),
+            hint_entries: AtomicPtr::new(std::ptr::null_mut()),
+            hint_cap: AtomicUsize::new(0),
         };
         AddressIndex {
             shards: [S; SHARDS],
@@ -103,6 +110,20 @@ impl AddressIndex {
     #[inline]
     fn shard(&self, h: u64) -> &Shard {
         &self.shards[(h >> 56) as usize % SHARDS]
+    }
+
+    /// Starts loading the table line where `address` would be found into the cache, so that a
+    /// later [`Self::insert`] or [`Self::remove`] of it does not wait for memory.
+    #[inline]
+    pub fn prefetch(&self, address: u64) {
+        let shard = self.shard(hash(address));
+        let cap = shard.hint_cap.load(Ordering::Relaxed);
+        let entries = shard.hint_entries.load(Ordering::Relaxed);
+        if cap == 0 {
+            return;
+        }
+        let p = entries.wrapping_add(slot_of(address, cap));
+        crate::sys::prefetch(p as *const u8);
     }
 
     /// Maps `address` to `node` (a block of `size` bytes, saturated at `u32::MAX`). Returns the
@@ -115,7 +136,12 @@ impl AddressIndex {
         shard.lock.lock();
         // SAFETY: the shard lock is held.
         let t = unsafe { &mut *shard.table.get() };
+        let cap = t.cap;
         let r = insert_locked(t, address, node, size);
+        if t.cap != cap {
+            shard.hint_entries.store(t.entries, Ordering::Relaxed);
+            shard.hint_cap.store(t.cap, Ordering::Relaxed);
+        }
         shard.lock.unlock();
         r
     }

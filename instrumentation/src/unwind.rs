@@ -139,17 +139,37 @@ pub fn current_stack_top(is_main: bool) -> usize {
     }
 }
 
-/// 64-bit hash of a stack trace (FxHash-style mixing with a final avalanche).
+/// 64-bit hash of a stack trace: four independent multiply–rotate lanes over frames
+/// `4k..4k+3` (so the dependency chain is a quarter of the frame count), combined with the
+/// length and finished with MurmurHash3's fmix64.
 #[inline]
 pub fn hash_frames(frames: &[u64]) -> u64 {
-    let mut h: u64 = 0x243F_6A88_85A3_08D3 ^ frames.len() as u64;
-    for f in frames {
-        h = (h.rotate_left(5) ^ f).wrapping_mul(0x517C_C1B7_2722_0A95);
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut lanes: [u64; 4] = [
+        0x243F_6A88_85A3_08D3,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+    ];
+    let mut chunks = frames.chunks_exact(4);
+    for c in &mut chunks {
+        for (l, f) in lanes.iter_mut().zip(c) {
+            *l = (*l ^ f).wrapping_mul(K).rotate_left(29);
+        }
     }
+    for (l, f) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l = (*l ^ f).wrapping_mul(K).rotate_left(29);
+    }
+    let mut h = (frames.len() as u64).wrapping_mul(K)
+        ^ lanes[0]
+        ^ lanes[1].rotate_left(16)
+        ^ lanes[2].rotate_left(32)
+        ^ lanes[3].rotate_left(48);
     h ^= h >> 33;
     h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
     h ^= h >> 33;
-    h
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
 }
 
 #[cfg(test)]
@@ -173,5 +193,23 @@ mod tests {
     fn hash_differs_by_order() {
         assert_ne!(hash_frames(&[1, 2]), hash_frames(&[2, 1]));
         assert_ne!(hash_frames(&[1]), hash_frames(&[1, 0]));
+        assert_ne!(hash_frames(&[1, 2, 3, 4, 5]), hash_frames(&[5, 2, 3, 4, 1]));
+        assert_ne!(hash_frames(&[0; 4]), hash_frames(&[0; 8]));
+    }
+
+    #[test]
+    fn hash_has_no_collisions_on_similar_stacks() {
+        // Stacks that differ in one frame, by one return-address offset, at any depth.
+        let mut seen = std::collections::HashSet::new();
+        let base: Vec<u64> = (0..24).map(|i| 0x5555_5555_0000 + i * 0x40).collect();
+        for depth in 1..=base.len() {
+            for pos in 0..depth {
+                for delta in 1..64u64 {
+                    let mut s = base[..depth].to_vec();
+                    s[pos] += delta;
+                    assert!(seen.insert(hash_frames(&s)), "collision at {depth}/{pos}/{delta}");
+                }
+            }
+        }
     }
 }
