@@ -40,6 +40,10 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if ptr.is_null() {
         return None;
     }
+    // Sampling mode: most blocks were not sampled, and the filter says so without a lookup.
+    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
+        return None;
+    }
     enter(|g, t| erase(g, t, ptr as u64)).flatten()
 }
 
@@ -98,7 +102,12 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
     let mut node = node;
     if let Some(n) = node {
         let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
-            Ok(None) => None,
+            Ok(None) => {
+                if state::sample_interval() != 0 {
+                    state::PRESENCE.add(addr);
+                }
+                None
+            }
             // The block at this address was freed behind our back: close its old record.
             Ok(Some(old)) => Some(old),
             // No memory for the index: the record could never be erased, so drop it.
@@ -139,6 +148,9 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
 
 fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     let (n, size32) = state::INDEX.remove(addr)?;
+    if state::sample_interval() != 0 {
+        state::PRESENCE.sub(addr);
+    }
     let (slot_idx, slot) = acquire_slot(g, t);
     RegionWriter::op_begin(slot);
     let now = now_ns();

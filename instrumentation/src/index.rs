@@ -13,7 +13,7 @@
 
 use crate::sys::{map_anon, unmap, SpinLock};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Number of shards (a power of two).
 pub const SHARDS: usize = 256;
@@ -315,6 +315,71 @@ fn grow(t: &mut Table) -> Result<(), ()> {
     Ok(())
 }
 
+/// Number of counters in a [`Presence`] filter.
+const PRESENCE: usize = 1 << 14;
+
+/// A counting filter over the indexed addresses, used in sampling mode so that the free of a
+/// block that was not sampled (nearly all of them) is dismissed without touching the index.
+///
+/// Each address maps to one of 16,384 one-byte counters (16 KiB, which stays in the cache);
+/// a counter holds how many indexed addresses map to it, saturating at 255 (then it stays
+/// there). A zero counter proves the address is not indexed; a nonzero one means "look it up".
+/// Relaxed atomics suffice: the insert that counted a block happens-before its free through
+/// the program's own hand-over of the pointer.
+pub struct Presence {
+    counts: [AtomicU8; PRESENCE],
+}
+
+impl std::fmt::Debug for Presence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presence").finish_non_exhaustive()
+    }
+}
+
+impl Presence {
+    /// An empty filter.
+    pub const fn new() -> Self {
+        Presence {
+            counts: [const { AtomicU8::new(0) }; PRESENCE],
+        }
+    }
+
+    #[inline]
+    fn counter(&self, address: u64) -> &AtomicU8 {
+        &self.counts[(mix(address >> 4) >> 50) as usize % PRESENCE]
+    }
+
+    /// False only if `address` is certainly not indexed.
+    #[inline]
+    pub fn may_contain(&self, address: u64) -> bool {
+        self.counter(address).load(Ordering::Relaxed) != 0
+    }
+
+    /// Counts a newly indexed `address`.
+    pub fn add(&self, address: u64) {
+        let _ = self
+            .counter(address)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v != u8::MAX).then_some(v + 1)
+            });
+    }
+
+    /// Uncounts an `address` removed from the index (a saturated counter stays saturated).
+    pub fn sub(&self, address: u64) {
+        let _ = self
+            .counter(address)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v != u8::MAX && v != 0).then_some(v - 1)
+            });
+    }
+}
+
+impl Default for Presence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,5 +406,25 @@ mod tests {
             assert_eq!(idx.remove(a), Some((n, n)));
         }
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn presence_has_no_false_negatives() {
+        let p = Presence::new();
+        let addrs: Vec<u64> = (1..100_000u64).map(|i| i * 48).collect();
+        for a in &addrs {
+            p.add(*a);
+        }
+        assert!(addrs.iter().all(|a| p.may_contain(*a)));
+        for a in &addrs[..50_000] {
+            p.sub(*a);
+        }
+        // Saturated counters stay set; the rest must still cover every remaining address.
+        assert!(addrs[50_000..].iter().all(|a| p.may_contain(*a)));
+        let q = Presence::new();
+        q.add(4096);
+        q.sub(4096);
+        assert!(!q.may_contain(4096));
+        assert!(!q.may_contain(8192) || q.may_contain(4096));
     }
 }

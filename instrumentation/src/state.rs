@@ -26,6 +26,8 @@ static DWARF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new
 static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
 pub static INDEX: AddressIndex = AddressIndex::new();
+/// In sampling mode, which addresses may be in [`INDEX`] (see [`crate::index::Presence`]).
+pub static PRESENCE: crate::index::Presence = crate::index::Presence::new();
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
 static ORPHAN: SpinLock = SpinLock::new();
 /// Thread slot shared by threads that have no slot of their own (exited, or table full).

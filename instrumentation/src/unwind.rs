@@ -207,7 +207,10 @@ mod tests {
                 for delta in 1..64u64 {
                     let mut s = base[..depth].to_vec();
                     s[pos] += delta;
-                    assert!(seen.insert(hash_frames(&s)), "collision at {depth}/{pos}/{delta}");
+                    assert!(
+                        seen.insert(hash_frames(&s)),
+                        "collision at {depth}/{pos}/{delta}"
+                    );
                 }
             }
         }
