@@ -20,6 +20,9 @@ What it does, in order:
 5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
    heapdump; `heapdump snapshot` time and peak RSS, with and without --with-tags; region bytes
    per block; the target's RSS with and without the shim.
+6. Latency: bench/latency.c holds 1 M blocks and times each free+malloc in 2 s phases, without
+   and with back-to-back snapshots (p50, p99, p99.9, max); then the fixed footprint: peak RSS of
+   bench/nop.c (allocates almost nothing) with and without the shim.
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
 user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
@@ -278,7 +281,7 @@ def build(cc):
     """Compile the C workloads into target/bench/. Returns {name: path}."""
     os.makedirs(BUILD_DIR, exist_ok=True)
     out = {}
-    for name in ("workload", "hold"):
+    for name in ("workload", "hold", "latency", "nop"):
         src = os.path.join(BENCH_SRC, name + ".c")
         exe = os.path.join(BUILD_DIR, name)
         cmd = [cc] + CFLAGS + ["-o", exe, src]
@@ -752,6 +755,87 @@ def snapshot_bench(hold_exe, sizes, args):
     return header + rows, notes
 
 
+def latency_bench(exe, args):
+    """p50/p99/p99.9 of a target's free+malloc latency in alternating phases without and with
+    back-to-back snapshots. Returns (table lines, notes)."""
+    hold, seconds, rounds = args.latency_blocks, 2.0, max(1, min(args.rounds, 3))
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+    p = subprocess.Popen([exe, str(hold), str(seconds)], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    phases = {"quiet": [], "snap": []}
+    snaps = []
+
+    def read_line(timeout):
+        r, _, _ = select.select([p.stdout], [], [], timeout)
+        return p.stdout.readline().decode() if r else None
+
+    try:
+        line = read_line(args.timeout)
+        if not line or not line.startswith("ready "):
+            raise RuntimeError(f"latency: not ready: {line!r}")
+        for _ in range(rounds):
+            for phase in ("quiet", "snap"):
+                p.stdin.write(f"run {phase}\n".encode())
+                p.stdin.flush()
+                taken = 0
+                result = None
+                while result is None:
+                    if phase == "snap":
+                        out = os.path.join(tmp, "s.pb.gz")
+                        r = subprocess.run([HEAPDUMP, "snapshot", "--by-pid", str(p.pid), "-o",
+                                            out], env=env_without_preload(env),
+                                           capture_output=True, timeout=args.timeout)
+                        if r.returncode != 0:
+                            raise RuntimeError("snapshot failed: " + _tail(r.stderr.decode()))
+                        taken += 1
+                        result = read_line(0)
+                    else:
+                        result = read_line(args.timeout)
+                    if result == "":
+                        raise RuntimeError("latency exited: " + _tail(p.stderr.read().decode()))
+                f = dict(kv.split("=") for kv in result.split()[1:])
+                phases[phase].append({k: int(v) for k, v in f.items()})
+                if phase == "snap":
+                    snaps.append(taken)
+        p.stdin.write(b"quit\n")
+        p.stdin.flush()
+    finally:
+        hold_stop(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = ["| phase | replacements | p50 ns | p99 ns | p99.9 ns | max ns |", "|---|---|---|---|---|---|"]
+    med = {}
+    for phase, runs in phases.items():
+        m = {k: statistics.median(r[k] for r in runs) for k in ("n", "p50", "p99", "p999", "max")}
+        med[phase] = m
+        label = "no snapshot" if phase == "quiet" else "snapshots back to back"
+        rows.append(f"| {label} | {m['n']:.0f} | {m['p50']:.0f} | {m['p99']:.0f} | "
+                    f"{m['p999']:.0f} | {m['max']:.0f} |")
+    notes = [f"p99 during snapshots / without: {med['snap']['p99'] / med['quiet']['p99']:.2f}; "
+             f"p50: {med['snap']['p50'] / med['quiet']['p50']:.2f}",
+             f"snapshots taken per {seconds:g} s phase: {', '.join(map(str, snaps))}"]
+    return rows, notes
+
+
+def footprint_bench(nop_exe, rounds):
+    """Peak RSS (KiB) of a program that allocates almost nothing, without and with the shim."""
+    def maxrss(env):
+        vals = []
+        for _ in range(max(3, rounds)):
+            p = subprocess.Popen([nop_exe], env=env)
+            _, _, ru = os.wait4(p.pid, 0)
+            vals.append(ru.ru_maxrss)
+        return statistics.median(vals)
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    try:
+        bare = maxrss(base_env())
+        hd = maxrss(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp))
+        hd_fp = maxrss(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_UNWIND="fp"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return bare, hd, hd_fp
+
+
 def env_without_preload(env):
     """The collector runs without the shim, but with the same HEAPDUMP_DIR."""
     e = dict(env)
@@ -839,6 +923,24 @@ def section_snapshot(args, exes):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def section_latency(args, exes):
+    """The target's allocation latency while snapshots run, and the shim's fixed footprint."""
+    out = [f"## Allocation latency during snapshots (bench/latency.c, {args.latency_blocks} "
+           "live blocks, 2 s phases)", "",
+           "One thread replaces random live blocks (free + malloc of 16–64 B) and times each "
+           "replacement; phases without snapshots alternate with phases during which the "
+           "collector snapshots the process back to back. Medians over the phases.", ""]
+    rows, notes = latency_bench(exes["latency"], args)
+    out += rows + [""] + [f"- {n}" for n in notes] + [""]
+    bare, hd, hd_fp = footprint_bench(exes["nop"], args.rounds)
+    out += ["## Fixed footprint (bench/nop.c: a program that allocates almost nothing)", "",
+            "| | peak RSS KiB | overhead KiB |", "|---|---|---|",
+            f"| no shim | {bare:.0f} | |",
+            f"| heapdump | {hd:.0f} | {hd - bare:.0f} |",
+            f"| heapdump, HEAPDUMP_UNWIND=fp | {hd_fp:.0f} | {hd_fp - bare:.0f} |", ""]
+    return out
+
+
 def section_rust(args):
     """The #[global_allocator] path: examples/rust-alloc's bench_alloc (HeapdumpAlloc wrapping
     the system allocator). Its baseline is the same binary with HEAPDUMP_DISABLE=1, where the
@@ -891,7 +993,10 @@ def main():
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: c, rust, python, snapshot")
+                    help="comma-separated sections to skip: c, rust, python, snapshot, "
+                         "latency")
+    ap.add_argument("--latency-blocks", type=int, default=1000000,
+                    help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
@@ -920,6 +1025,7 @@ def main():
         ("rust", lambda: section_rust(args)),
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),
+        ("latency", lambda: section_latency(args, exes)),
     ]
     for name, fn in sections:
         if name in skip:
