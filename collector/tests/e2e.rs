@@ -410,3 +410,49 @@ fn rust_global_allocator_without_frame_pointers() {
     assert_eq!((t[2], t[3]), (blocks, bytes));
     assert_eq!(r.finish(), 0);
 }
+
+/// Function names of a sample's stack trace, innermost first (inlined frames included).
+fn stack_names(raw: &common::Raw, s: &common::Sample) -> Vec<String> {
+    s.locations
+        .iter()
+        .flat_map(|l| raw.locations.get(l).cloned().unwrap_or_default())
+        .map(|line| line.split_whitespace().next().unwrap_or("").to_owned())
+        .collect()
+}
+
+#[test]
+fn stacks_through_code_with_and_without_frame_pointers() {
+    let exe = compile_c("mixed_frames", &[]);
+    let expected = ["fp_leaf", "nofp_d", "fp_c", "nofp_b", "fp_a", "main"];
+    for (unwind, complete) in [("dwarf", true), ("fp", false)] {
+        let dir = region_dir(&format!("mixed-{unwind}"));
+        let mut cmd = Command::new(&exe);
+        cmd.env("HEAPDUMP_UNWIND", unwind);
+        let r = start(cmd, &dir, true);
+        let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+        assert_eq!(raw.sum_with("fp_leaf")[2..], [100, 100 * 100], "{unwind}");
+        let ours: Vec<_> = raw
+            .samples
+            .iter()
+            .filter(|s| s.values[2] > 0)
+            .map(|s| stack_names(&raw, s))
+            .filter(|names| names.iter().any(|n| n == "fp_leaf"))
+            .collect();
+        assert!(!ours.is_empty());
+        for names in &ours {
+            let seen: Vec<&str> = names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| expected.contains(n))
+                .collect();
+            if complete {
+                assert_eq!(seen, expected, "{unwind}: {names:?}");
+            } else {
+                // A frame-pointer walk loses the frames below the first function that uses rbp
+                // as an ordinary register: what the CFI walk exists for.
+                assert_ne!(seen, expected, "{unwind}: {names:?}");
+            }
+        }
+        assert_eq!(r.finish(), 0);
+    }
+}
