@@ -12,7 +12,8 @@ const CHURN_SIZE: i64 = 48;
 
 /// Snapshots a program whose N threads keep K blocks each by "allocate new, free old":
 /// every snapshot must see between N·K and N·K+N blocks from `churn_alloc`, and with
-/// `--with-tags` no address twice.
+/// `--with-tags` no address twice. The region must not grow with the number of snapshots:
+/// the records of blocks freed while a snapshot runs are reused once it ends.
 fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
     let exe = compile_c("churn", &[]);
     let dir = region_dir(&format!("churn{n}"));
@@ -20,6 +21,15 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
     cmd.args([n.to_string(), k.to_string(), CHURN_SIZE.to_string()]);
     let r = start(cmd, &dir, true);
     let (mut lo, mut hi, mut max_wait) = (i64::MAX, 0i64, 0u64);
+    let region_bytes = || -> u64 {
+        let f = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(".heapdump"))
+            .expect("the region file");
+        f.metadata().unwrap().blocks() * 512
+    };
+    let mut first_size = 0;
     for i in 0..snapshots {
         let tags = i % 10 == 0;
         let path = snapshot(&dir, r.pid(), if tags { &["--with-tags"] } else { &[] });
@@ -53,7 +63,16 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
                 max_wait = max_wait.max(w.split(' ').next().unwrap().parse().unwrap());
             }
         }
+        if i == 0 {
+            first_size = region_bytes();
+        }
     }
+    let grown = region_bytes() - first_size;
+    assert!(
+        grown < (n * k * 40) as u64,
+        "region grew by {grown} bytes over {snapshots} snapshots of {} live blocks",
+        n * k
+    );
     assert_eq!(r.finish(), 0);
     (lo, hi, max_wait)
 }

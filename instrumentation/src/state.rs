@@ -115,6 +115,11 @@ pub struct Tls {
     ring: UnsafeCell<[u32; RING]>,
     ring_head: Cell<usize>,
     ring_len: Cell<usize>,
+    /// Dead nodes taken from the shared queue, oldest first, used when the ring's oldest node
+    /// may not be rewritten yet (a snapshot's lease): `stash[stash_head..stash_len]`.
+    stash: UnsafeCell<[u32; BATCH]>,
+    stash_head: Cell<usize>,
+    stash_len: Cell<usize>,
     /// Stack cache: (hash, id) by hash % CACHE.
     pub cache: UnsafeCell<[(u64, u32); CACHE]>,
     /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
@@ -151,6 +156,9 @@ impl Tls {
             ring: UnsafeCell::new([0; RING]),
             ring_head: Cell::new(0),
             ring_len: Cell::new(0),
+            stash: UnsafeCell::new([0; BATCH]),
+            stash_head: Cell::new(0),
+            stash_len: Cell::new(0),
             cache: UnsafeCell::new([(0, 0); CACHE]),
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
@@ -558,6 +566,12 @@ pub fn tick(g: &Global, t: &Tls, slot: u32) {
 
 /// Takes a node for a new block at time `now`: a recycled one no reader may still need, else a
 /// never-used one. `None` when the allocations table is full.
+///
+/// Dead nodes are reused oldest first: the thread's own ring, then the shared queue (nodes
+/// other threads freed, and this thread's overflow), and only then never-used nodes. While a
+/// snapshot holds its lease, nodes freed since it began may not be rewritten, so the ring's
+/// oldest is refused and older nodes from the shared queue are taken instead: the allocations
+/// table does not grow with each snapshot, and no fresh page of the region is touched.
 #[inline]
 pub fn take_node(g: &Global, t: &Tls, now: u64) -> Option<u32> {
     if let Some(n) = ring_front(t) {
@@ -566,28 +580,30 @@ pub fn take_node(g: &Global, t: &Tls, now: u64) -> Option<u32> {
             return Some(n);
         }
     }
-    let next = t.fresh_next.get();
-    if next < t.fresh_end.get() {
-        t.fresh_next.set(next + 1);
-        return Some(next);
-    }
     take_node_slow(g, t, now)
 }
 
 #[cold]
 fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
-    if t.ring_len.get() == 0 {
-        let mut batch = [0u32; BATCH];
-        let k = g.free.pop(&mut batch);
-        for n in &batch[..k] {
-            ring_push(t, *n);
+    if t.stash_head.get() == t.stash_len.get() {
+        // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
+        let k = g.free.pop(unsafe { &mut *t.stash.get() });
+        t.stash_head.set(0);
+        t.stash_len.set(k);
+    }
+    let h = t.stash_head.get();
+    if h < t.stash_len.get() {
+        // SAFETY: as above; h < stash_len <= BATCH.
+        let n = unsafe { (*t.stash.get())[h] };
+        if g.writer.node_reusable(n, now) {
+            t.stash_head.set(h + 1);
+            return Some(n);
         }
-        if let Some(n) = ring_front(t) {
-            if g.writer.node_reusable(n, now) {
-                ring_pop(t);
-                return Some(n);
-            }
-        }
+    }
+    let next = t.fresh_next.get();
+    if next < t.fresh_end.get() {
+        t.fresh_next.set(next + 1);
+        return Some(next);
     }
     let (s, e) = g.writer.claim_nodes(BATCH as u64)?;
     t.fresh_next.set(s as u32 + 1);
@@ -619,6 +635,17 @@ fn flush_nodes(g: &Global, t: &Tls) {
             k = 0;
         }
     }
+    for h in t.stash_head.get()..t.stash_len.get() {
+        // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
+        batch[k] = unsafe { (*t.stash.get())[h] };
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    t.stash_head.set(0);
+    t.stash_len.set(0);
     while t.fresh_next.get() < t.fresh_end.get() {
         batch[k] = t.fresh_next.get();
         t.fresh_next.set(t.fresh_next.get() + 1);
@@ -654,52 +681,108 @@ fn ring_push(t: &Tls, n: u32) {
     t.ring_len.set(t.ring_len.get() + 1);
 }
 
-/// Dead nodes shared between threads: a stack of node ids behind a spin lock, touched once per
-/// [`BATCH`] frees or allocations at most.
+/// Dead nodes shared between threads: a FIFO queue of node ids behind a spin lock, touched once
+/// per [`BATCH`] frees or allocations at most. Oldest first, because a node freed long ago is
+/// the one a snapshot's lease lets us rewrite. The queue is a ring buffer in an anonymous
+/// mapping that doubles when full (up to the allocations table's capacity), so its memory
+/// follows the largest number of dead nodes waiting at once.
 #[derive(Debug)]
 pub struct FreeNodes {
     lock: SpinLock,
-    ids: UnsafeCell<*mut u32>,
-    len: Cell<usize>,
-    cap: usize,
+    q: UnsafeCell<Queue>,
+    max: usize,
 }
 
-// SAFETY: `ids` and `len` are only accessed with `lock` held.
+#[derive(Debug)]
+struct Queue {
+    buf: *mut u32,
+    /// A power of two, or 0.
+    cap: usize,
+    head: usize,
+    len: usize,
+}
+
+// SAFETY: `q` is only accessed with `lock` held.
 unsafe impl Sync for FreeNodes {}
 // SAFETY: as above.
 unsafe impl Send for FreeNodes {}
 
 impl FreeNodes {
-    fn new(cap: u64) -> Option<Self> {
-        let p = map_anon(cap as usize * 4) as *mut u32;
-        (!p.is_null()).then(|| FreeNodes {
+    fn new(max: u64) -> Option<Self> {
+        Some(FreeNodes {
             lock: SpinLock::new(),
-            ids: UnsafeCell::new(p),
-            len: Cell::new(0),
-            cap: cap as usize,
+            q: UnsafeCell::new(Queue {
+                buf: std::ptr::null_mut(),
+                cap: 0,
+                head: 0,
+                len: 0,
+            }),
+            max: (max as usize).max(BATCH).next_power_of_two(),
         })
     }
 
+    /// Appends `ids` (dropping what does not fit when memory for the queue cannot be mapped:
+    /// those nodes are then never reused).
     fn push(&self, ids: &[u32]) {
         self.lock.lock();
-        let len = self.len.get();
-        let k = ids.len().min(self.cap - len);
-        // SAFETY: lock held; len + k <= cap elements lie in the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), (*self.ids.get()).add(len), k) };
-        self.len.set(len + k);
+        // SAFETY: the lock is held.
+        let q = unsafe { &mut *self.q.get() };
+        if q.len + ids.len() > q.cap {
+            grow(q, q.len + ids.len(), self.max);
+        }
+        let k = ids.len().min(q.cap - q.len);
+        for (i, id) in ids[..k].iter().enumerate() {
+            // SAFETY: cap is a power of two and the index is masked into [0, cap).
+            unsafe { *q.buf.add((q.head + q.len + i) & (q.cap - 1)) = *id };
+        }
+        q.len += k;
         self.lock.unlock();
     }
 
+    /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
     fn pop(&self, out: &mut [u32]) -> usize {
         self.lock.lock();
-        let len = self.len.get();
-        let k = out.len().min(len);
-        // SAFETY: lock held; [len - k, len) lies in the mapping.
-        unsafe {
-            std::ptr::copy_nonoverlapping((*self.ids.get()).add(len - k), out.as_mut_ptr(), k)
-        };
-        self.len.set(len - k);
+        // SAFETY: the lock is held.
+        let q = unsafe { &mut *self.q.get() };
+        let k = out.len().min(q.len);
+        for (i, o) in out[..k].iter_mut().enumerate() {
+            // SAFETY: as in push; k <= len, so these slots hold queued ids.
+            *o = unsafe { *q.buf.add((q.head + i) & (q.cap - 1)) };
+        }
+        if k > 0 {
+            q.head = (q.head + k) & (q.cap - 1);
+            q.len -= k;
+        }
         self.lock.unlock();
         k
     }
+}
+
+/// Doubles `q` until it holds `need` ids (at most `max`), keeping their order.
+fn grow(q: &mut Queue, need: usize, max: usize) {
+    let mut cap = q.cap.max(4096);
+    while cap < need && cap < max {
+        cap *= 2;
+    }
+    if cap <= q.cap {
+        return;
+    }
+    let buf = map_anon(cap * 4) as *mut u32;
+    if buf.is_null() {
+        return;
+    }
+    for i in 0..q.len {
+        // SAFETY: i < len <= old cap; the new buffer holds cap >= len ids.
+        unsafe { *buf.add(i) = *q.buf.add((q.head + i) & (q.cap - 1)) };
+    }
+    if !q.buf.is_null() {
+        // SAFETY: the old buffer came from map_anon with this size and is no longer used.
+        unsafe { crate::sys::unmap(q.buf as *mut u8, q.cap * 4) };
+    }
+    *q = Queue {
+        buf,
+        cap,
+        head: 0,
+        len: q.len,
+    };
 }
