@@ -758,7 +758,7 @@ def snapshot_bench(hold_exe, sizes, args):
 def latency_bench(exe, args):
     """p50/p99/p99.9 of a target's free+malloc latency in alternating phases without and with
     back-to-back snapshots. Returns (table lines, notes)."""
-    hold, seconds, rounds = args.latency_blocks, 2.0, max(1, min(args.rounds, 3))
+    hold, seconds, rounds = args.latency_blocks, 2.0, max(3, args.rounds)
     tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
     env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
     p = subprocess.Popen([exe, str(hold), str(seconds)], env=env, stdin=subprocess.PIPE,
@@ -817,20 +817,24 @@ def latency_bench(exe, args):
     return rows, notes
 
 
-def footprint_bench(nop_exe, rounds):
-    """Peak RSS (KiB) of a program that allocates almost nothing, without and with the shim."""
-    def maxrss(env):
+def footprint_bench(nop_exe, args):
+    """Peak RSS (VmHWM, KiB) of a program that allocates almost nothing, without and with the
+    shim, read from /proc while it waits (wait4's ru_maxrss would include the harness's own
+    pages from before exec)."""
+    def hwm(env):
         vals = []
-        for _ in range(max(3, rounds)):
-            p = subprocess.Popen([nop_exe], env=env)
-            _, _, ru = os.wait4(p.pid, 0)
-            vals.append(ru.ru_maxrss)
+        for _ in range(max(3, args.rounds)):
+            p, _ = hold_start(nop_exe, 0, env, args.timeout)
+            try:
+                vals.append(proc_status_kib(p.pid, "VmHWM"))
+            finally:
+                hold_stop(p)
         return statistics.median(vals)
     tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
     try:
-        bare = maxrss(base_env())
-        hd = maxrss(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp))
-        hd_fp = maxrss(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_UNWIND="fp"))
+        bare = hwm(base_env())
+        hd = hwm(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp))
+        hd_fp = hwm(dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_UNWIND="fp"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return bare, hd, hd_fp
@@ -931,14 +935,18 @@ def section_latency(args, exes):
            "replacement; phases without snapshots alternate with phases during which the "
            "collector snapshots the process back to back. Medians over the phases.", ""]
     rows, notes = latency_bench(exes["latency"], args)
-    out += rows + [""] + [f"- {n}" for n in notes] + [""]
-    bare, hd, hd_fp = footprint_bench(exes["nop"], args.rounds)
-    out += ["## Fixed footprint (bench/nop.c: a program that allocates almost nothing)", "",
+    return out + rows + [""] + [f"- {n}" for n in notes] + [""]
+
+
+def section_footprint(args, exes):
+    """The shim's fixed memory cost."""
+    bare, hd, hd_fp = footprint_bench(exes["nop"], args)
+    return ["## Fixed footprint (bench/nop.c: a program that allocates almost nothing)", "",
+            "Peak RSS (VmHWM) of the waiting program, median of runs.", "",
             "| | peak RSS KiB | overhead KiB |", "|---|---|---|",
             f"| no shim | {bare:.0f} | |",
             f"| heapdump | {hd:.0f} | {hd - bare:.0f} |",
             f"| heapdump, HEAPDUMP_UNWIND=fp | {hd_fp:.0f} | {hd_fp - bare:.0f} |", ""]
-    return out
 
 
 def section_rust(args):
@@ -994,7 +1002,7 @@ def main():
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, rust, python, snapshot, "
-                         "latency")
+                         "latency, footprint")
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
@@ -1026,6 +1034,7 @@ def main():
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),
         ("latency", lambda: section_latency(args, exes)),
+        ("footprint", lambda: section_footprint(args, exes)),
     ]
     for name, fn in sections:
         if name in skip:
