@@ -63,7 +63,8 @@ pub struct SnapshotArgs {
     /// Output file (gzip-compressed pprof).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-    /// One sample per live block, labelled address, bytes, timestamp (ns) and thread.
+    /// One sample per live block, labelled address, bytes, timestamp (ns since the epoch, tick
+    /// resolution) and thread.
     #[arg(long)]
     pub with_tags: bool,
     /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).

@@ -10,7 +10,7 @@
 //! `environ` being initialized.
 
 use crate::sys::{map_anon, parse_size, read_file, unmap, warn};
-use vmo_layout::clock::now_ns;
+use vmo_layout::clock::precise_ns;
 use vmo_layout::v1::{plan, Capacities};
 use vmo_layout::{ProcessIdentity, RegionWriter};
 
@@ -195,7 +195,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
     c.push(b"-");
     c.push(crate::sys::fmt_u64(ticks, &mut num));
     c.push(b"-");
-    c.push(crate::sys::fmt_u64(now_ns(), &mut num));
+    c.push(crate::sys::fmt_u64(precise_ns(), &mut num));
     c.push(b".heapdump");
 
     // SAFETY: `path` is NUL-terminated; flags create a new file, refusing symlinks.

@@ -13,7 +13,7 @@
 //!    the node's seqlock (`t_alloc` before and after);
 //! 5. clear the lease.
 
-use crate::clock::now_ns;
+use crate::clock::{now_ns, precise_ns};
 use crate::v1::*;
 use std::fmt;
 use std::mem::size_of;
@@ -356,9 +356,10 @@ impl<'a> Region<'a> {
         let t = if live {
             h.lease.store(now_ns(), Ordering::SeqCst);
             let t = now_ns();
-            // Every clock reading taken after this loop is strictly greater than T.
+            // Every clock reading taken after this loop is strictly greater than T. The clock
+            // ticks every 1–4 ms: sleep rather than spin.
             while now_ns() <= t {
-                std::hint::spin_loop();
+                std::thread::sleep(std::time::Duration::from_micros(200));
             }
             let threads = h
                 .thread_count
@@ -372,13 +373,13 @@ impl<'a> Region<'a> {
                 if s & 1 == 0 {
                     continue;
                 }
-                let start = now_ns();
+                let start = precise_ns();
                 let deadline = start + opts.wait_timeout.as_nanos() as u64;
                 let mut spins = 0u32;
                 while slot.op_seq.load(Ordering::Acquire) == s {
                     spins = spins.wrapping_add(1);
                     if spins % 256 == 0 {
-                        if now_ns() > deadline {
+                        if precise_ns() > deadline {
                             meta.warnings.push(format!(
                                 "thread {} stayed inside the allocator for more than {:?}; \
                                  its operation in progress may be missing",
@@ -392,7 +393,7 @@ impl<'a> Region<'a> {
                         std::hint::spin_loop();
                     }
                 }
-                meta.max_wait_ns = meta.max_wait_ns.max(now_ns() - start);
+                meta.max_wait_ns = meta.max_wait_ns.max(precise_ns() - start);
             }
             fence(Ordering::SeqCst);
             t
