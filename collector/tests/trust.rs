@@ -269,7 +269,7 @@ fn post_mortem_after_kill_and_gc() {
     let raw = pprof_raw(&snapshot(&dir, pid, &[]));
     assert_eq!(
         raw.sum_with("alloc_small")[2..],
-        [1000, 1024_000],
+        [1000, 1_024_000],
         "symbolized post-mortem"
     );
     assert_eq!(raw.total()[2], 1110);

@@ -375,7 +375,7 @@ fn unwind(
         cache.generation = objects.generation;
     }
     let read = |a: u64| -> Option<u64> {
-        if a >= lo && a <= hi.wrapping_sub(8) && a % 8 == 0 {
+        if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
             // SAFETY: the address lies in this thread's mapped stack, above the stack pointer.
             Some(unsafe { *(a as *const u64) })
         } else {
@@ -479,7 +479,7 @@ mod tests {
         rebuild();
         // SAFETY: just published, never freed.
         let objects = unsafe { &*OBJECTS.load(Ordering::Acquire) };
-        let here = rules_of_common_rows as usize as u64;
+        let here = rules_of_common_rows as fn() as usize as u64;
         let o = objects
             .find(here)
             .expect("this test's own code is in a known object");

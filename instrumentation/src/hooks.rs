@@ -53,7 +53,9 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };
     #[cfg(target_arch = "x86_64")]
-    let n = match (t.dwarf_cache(), start) {
+    // SAFETY: the cache is this thread's, and we are inside its reentrancy guard (called from
+    // `enter`): no other reference to it exists during this capture.
+    let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
         (Some(cache), Start::FramePointer(fp)) => {
             crate::dwarf::walk(fp, t.stack_hi(), cache, &mut frames)
         }
@@ -111,7 +113,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
             // The block at this address was freed behind our back: close its old record.
             Ok(Some(old)) => Some(old),
             // No memory for the index: the record could never be erased, so drop it.
-            Err(()) => {
+            Err(crate::index::OutOfMemory) => {
                 node = None;
                 recycle_node(g, t, n);
                 None

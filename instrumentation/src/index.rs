@@ -46,6 +46,10 @@ struct Shard {
     hint_cap: AtomicUsize,
 }
 
+/// The index could not map memory for a larger table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory;
+
 /// The sharded index.
 pub struct AddressIndex {
     shards: [Shard; SHARDS],
@@ -92,18 +96,19 @@ fn slot_of(address: u64, cap: usize) -> usize {
 impl AddressIndex {
     /// An empty index (no memory mapped until the first insert).
     pub const fn new() -> Self {
-        const S: Shard = Shard {
-            lock: SpinLock::new(),
-            table: UnsafeCell::new(Table {
-                entries: std::ptr::null_mut(),
-                cap: 0,
-                len: 0,
-            }),
-            hint_entries: AtomicPtr::new(std::ptr::null_mut()),
-            hint_cap: AtomicUsize::new(0),
-        };
         AddressIndex {
-            shards: [S; SHARDS],
+            shards: [const {
+                Shard {
+                    lock: SpinLock::new(),
+                    table: UnsafeCell::new(Table {
+                        entries: std::ptr::null_mut(),
+                        cap: 0,
+                        len: 0,
+                    }),
+                    hint_entries: AtomicPtr::new(std::ptr::null_mut()),
+                    hint_cap: AtomicUsize::new(0),
+                }
+            }; SHARDS],
         }
     }
 
@@ -127,9 +132,11 @@ impl AddressIndex {
     }
 
     /// Maps `address` to `node` (a block of `size` bytes, saturated at `u32::MAX`). Returns the
-    /// node it was mapped to before (a block whose free
-    /// the shim never saw), or `Err(())` when memory for the index could not be mapped.
-    pub fn insert(&self, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
+    /// node it was mapped to before (a block whose free the shim never saw).
+    ///
+    /// # Errors
+    /// [`OutOfMemory`] when memory for a larger table could not be mapped.
+    pub fn insert(&self, address: u64, node: u32, size: u32) -> Result<Option<u32>, OutOfMemory> {
         debug_assert!(address != EMPTY);
         let h = hash(address);
         let shard = self.shard(h);
@@ -217,7 +224,12 @@ impl Default for AddressIndex {
     }
 }
 
-fn insert_locked(t: &mut Table, address: u64, node: u32, size: u32) -> Result<Option<u32>, ()> {
+fn insert_locked(
+    t: &mut Table,
+    address: u64,
+    node: u32,
+    size: u32,
+) -> Result<Option<u32>, OutOfMemory> {
     // Grow past 60% occupancy.
     if (t.len + 1) * 5 > t.cap * 3 {
         grow(t)?;
@@ -288,12 +300,12 @@ fn remove_locked(t: &mut Table, address: u64) -> Option<(u32, u32)> {
     Some(found)
 }
 
-fn grow(t: &mut Table) -> Result<(), ()> {
+fn grow(t: &mut Table) -> Result<(), OutOfMemory> {
     let new_cap = (t.len * 3).next_power_of_two().max(MIN_CAP);
     let bytes = new_cap * std::mem::size_of::<Entry>();
     let entries = map_anon(bytes) as *mut Entry;
     if entries.is_null() {
-        return Err(());
+        return Err(OutOfMemory);
     }
     let mut nt = Table {
         entries,
@@ -395,7 +407,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let addr = ((x % 50_000) + 1) << 4;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(idx.remove(addr).map(|x| x.0), reference.remove(&addr));
             } else {
                 assert_eq!(idx.insert(addr, i, i).unwrap(), reference.insert(addr, i));

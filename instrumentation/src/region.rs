@@ -155,7 +155,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
     // SAFETY: the path is NUL-terminated and the buffer has room for len - 1 bytes.
     let exe_len = unsafe {
         libc::readlink(
-            b"/proc/self/exe\0".as_ptr() as *const libc::c_char,
+            c"/proc/self/exe".as_ptr(),
             exe.as_mut_ptr() as *mut libc::c_char,
             exe.len() - 1,
         )
@@ -164,7 +164,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
     // SAFETY: a zeroed stat buffer is valid; stat fills it on success.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: the path is NUL-terminated, `st` is writable.
-    unsafe { libc::stat(b"/proc/self/exe\0".as_ptr() as *const libc::c_char, &mut st) };
+    unsafe { libc::stat(c"/proc/self/exe".as_ptr(), &mut st) };
     let mut cmdline = [0u8; 1024];
     let cmd_len = read_file(b"/proc/self/cmdline\0", &mut cmdline);
 

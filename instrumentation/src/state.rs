@@ -189,9 +189,10 @@ impl Tls {
     }
 
     /// This thread's CFI rule cache, created at first use; `None` when unwinding by frame
-    /// pointers (or before the unwinder exists).
+    /// pointers (or before the unwinder exists). The cache belongs to this thread: use it only
+    /// inside the thread's reentrancy guard, one capture at a time.
     #[cfg(target_arch = "x86_64")]
-    pub fn dwarf_cache(&self) -> Option<&mut crate::dwarf::Cache> {
+    pub fn dwarf_cache(&self) -> Option<*mut crate::dwarf::Cache> {
         if !DWARF.load(Ordering::Relaxed) || !crate::dwarf::ready() {
             return None;
         }
@@ -204,8 +205,7 @@ impl Tls {
             }
             self.dwarf_cache.set(c);
         }
-        // SAFETY: the cache belongs to this thread, used only inside its reentrancy guard.
-        Some(unsafe { &mut *c })
+        Some(c)
     }
 }
 
@@ -554,9 +554,9 @@ pub fn release_slot(slot: u32) {
 pub fn tick(g: &Global, t: &Tls, slot: u32) {
     let n = t.ops.get().wrapping_add(1);
     t.ops.set(n);
-    if n % 1024 == 0 {
+    if n.is_multiple_of(1024) {
         g.writer.update_peak();
-        if slot != ORPHAN_SLOT && n % 65536 == 0 {
+        if slot != ORPHAN_SLOT && n.is_multiple_of(65536) {
             g.writer.set_thread_name(slot, &thread_name());
         }
     }

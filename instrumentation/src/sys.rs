@@ -163,6 +163,20 @@ pub fn parse_size(s: &[u8]) -> Option<u64> {
     v.checked_mul(mult)
 }
 
+/// Hints the CPU to load the cache line holding `p` (any address: a prefetch never faults).
+#[inline(always)]
+pub fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 (SSE, part of the x86-64 baseline) only hints the cache; it does not
+    // access memory architecturally and cannot fault, whatever the address.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,18 +196,4 @@ mod tests {
         assert_eq!(fmt_u64(0, &mut b), b"0");
         assert_eq!(fmt_u64(1234567, &mut b), b"1234567");
     }
-}
-
-/// Hints the CPU to load the cache line holding `p` (any address: a prefetch never faults).
-#[inline(always)]
-pub fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 (SSE, part of the x86-64 baseline) only hints the cache; it does not
-    // access memory architecturally and cannot fault, whatever the address.
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }

@@ -205,7 +205,7 @@ impl<'a> Region<'a> {
         if len < HEADER_SIZE as u64 {
             return Err(ReadError::TooSmall(len));
         }
-        if base as usize % 8 != 0 {
+        if !(base as usize).is_multiple_of(8) {
             return Err(ReadError::Corrupt("region not 8-byte aligned in memory"));
         }
         // SAFETY: len >= HEADER_SIZE, so the first 16 bytes are readable.
@@ -378,7 +378,7 @@ impl<'a> Region<'a> {
                 let mut spins = 0u32;
                 while slot.op_seq.load(Ordering::Acquire) == s {
                     spins = spins.wrapping_add(1);
-                    if spins % 256 == 0 {
+                    if spins.is_multiple_of(256) {
                         if precise_ns() > deadline {
                             meta.warnings.push(format!(
                                 "thread {} stayed inside the allocator for more than {:?}; \

@@ -356,8 +356,8 @@ impl Raw {
         let mut out = [0i64; 4];
         for s in &self.samples {
             if s.locations.iter().any(|l| self.loc_has(*l, f)) {
-                for i in 0..4 {
-                    out[i] += s.values[i];
+                for (o, v) in out.iter_mut().zip(s.values) {
+                    *o += v;
                 }
             }
         }
@@ -368,8 +368,8 @@ impl Raw {
     pub fn total(&self) -> [i64; 4] {
         let mut out = [0i64; 4];
         for s in &self.samples {
-            for i in 0..4 {
-                out[i] += s.values[i];
+            for (o, v) in out.iter_mut().zip(s.values) {
+                *o += v;
             }
         }
         out

@@ -153,7 +153,7 @@ pub unsafe extern "C" fn posix_memalign(
     size: size_t,
 ) -> c_int {
     let fp = frame_pointer!();
-    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     // SAFETY: forwarding to glibc with a valid alignment; errno is preserved below.
