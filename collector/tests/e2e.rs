@@ -456,3 +456,25 @@ fn stacks_through_code_with_and_without_frame_pointers() {
         assert_eq!(r.finish(), 0);
     }
 }
+
+#[test]
+fn allocations_on_coroutine_and_signal_stacks() {
+    // A coroutine stack with an unmapped page above it and a garbage rbp pointing into that
+    // page, and a handler on a sigaltstack: the walk must stay within readable memory (a
+    // shim that trusted [sp, top of the thread's stack) crashed this program).
+    let exe = compile_c("foreign_stack", &[]);
+    for unwind in ["dwarf", "fp"] {
+        let dir = region_dir(&format!("foreign-{unwind}"));
+        let mut cmd = Command::new(&exe);
+        cmd.env("HEAPDUMP_UNWIND", unwind);
+        let r = start(cmd, &dir, true);
+        let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+        assert_eq!(
+            raw.sum_with("co_alloc")[2..],
+            [1000, 1000 * 100],
+            "{unwind}"
+        );
+        assert_eq!(raw.sum_with("on_signal")[2..], [10, 10 * 200], "{unwind}");
+        assert_eq!(r.finish(), 0, "{unwind}");
+    }
+}

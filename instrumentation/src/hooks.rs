@@ -49,6 +49,9 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
 
 fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     let mut frames = [0u64; MAX_FRAMES];
+    // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
+    // a sigaltstack) the end of the memory readable above this frame.
+    let hi = t.stack_hi(frames.as_ptr() as usize);
     let fp = match start {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };
@@ -56,16 +59,14 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // SAFETY: the cache is this thread's, and we are inside its reentrancy guard (called from
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
-        (Some(cache), Start::FramePointer(fp)) => {
-            crate::dwarf::walk(fp, t.stack_hi(), cache, &mut frames)
-        }
+        (Some(cache), Start::FramePointer(fp)) => crate::dwarf::walk(fp, hi, cache, &mut frames),
         (Some(cache), Start::Here { pc, sp, fp }) => {
-            crate::dwarf::walk_from(pc, sp, fp as u64, t.stack_hi(), cache, &mut frames)
+            crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, &mut frames)
         }
-        (None, _) => walk(fp, t.stack_hi(), &mut frames),
+        (None, _) => walk(fp, hi, &mut frames),
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let n = walk(fp, t.stack_hi(), &mut frames);
+    let n = walk(fp, hi, &mut frames);
     let frames = &frames[..n];
     let h = hash_frames(frames);
     // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard.

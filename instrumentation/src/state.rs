@@ -108,6 +108,8 @@ pub struct Tls {
     /// Slot index + 1; 0 = not registered; `EXITED` = uses the orphan slot.
     slot: Cell<u32>,
     tid: Cell<u32>,
+    /// This thread's stack: `[stack_lo, stack_hi)` (0, 0 if unknown).
+    stack_lo: Cell<usize>,
     stack_hi: Cell<usize>,
     ops: Cell<u32>,
     fresh_next: Cell<u32>,
@@ -149,6 +151,7 @@ impl Tls {
             guard: Cell::new(false),
             slot: Cell::new(0),
             tid: Cell::new(0),
+            stack_lo: Cell::new(0),
             stack_hi: Cell::new(0),
             ops: Cell::new(0),
             fresh_next: Cell::new(0),
@@ -168,9 +171,16 @@ impl Tls {
         }
     }
 
-    /// Top of this thread's stack (0 if unknown).
-    pub fn stack_hi(&self) -> usize {
-        self.stack_hi.get()
+    /// The highest address a stack walk from `sp` may read below: the top of this thread's
+    /// stack when `sp` lies in it, else (a coroutine stack, a `sigaltstack`) the end of the
+    /// readable memory just above `sp`, probed (see [`crate::unwind::readable_above`]); 0 when
+    /// unknown (the walks then read nothing beyond the shim's own frame).
+    pub fn stack_hi(&self, sp: usize) -> usize {
+        let (lo, hi) = (self.stack_lo.get(), self.stack_hi.get());
+        if sp >= lo && sp < hi {
+            return hi;
+        }
+        crate::unwind::readable_above(sp)
     }
 
     /// OS thread id.
@@ -383,8 +393,9 @@ fn register_thread(g: &Global, t: &Tls) {
     // A forked child keeps the stack bounds of the thread that forked (which may not be the
     // process's first thread).
     if t.stack_hi.get() == 0 {
-        t.stack_hi
-            .set(crate::unwind::current_stack_top(tid == g.pid));
+        let (lo, hi) = crate::unwind::current_stack_bounds(tid == g.pid);
+        t.stack_lo.set(lo);
+        t.stack_hi.set(hi);
     }
     match g.writer.claim_thread(tid, &thread_name()) {
         Some(i) => {

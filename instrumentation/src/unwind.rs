@@ -107,9 +107,13 @@ pub fn walk(mut fp: usize, stack_hi: usize, out: &mut [u64; MAX_FRAMES]) -> usiz
     n
 }
 
-/// Top of the calling thread's stack (0 if unknown). May allocate (inside the reentrancy guard,
-/// so those allocations go straight to glibc).
-pub fn current_stack_top(is_main: bool) -> usize {
+/// The calling thread's stack as `(lowest, highest)` address (`(0, 0)` if unknown). May
+/// allocate (inside the reentrancy guard, so those allocations go straight to glibc).
+///
+/// For the main thread the top is `__libc_stack_end` and the bottom the top minus the stack
+/// size limit (`RLIMIT_STACK`, at most 1 GiB when unlimited): the main stack grows down on
+/// demand within it. For other threads, `pthread_getattr_np`.
+pub fn current_stack_bounds(is_main: bool) -> (usize, usize) {
     if is_main {
         extern "C" {
             static __libc_stack_end: *const libc::c_void;
@@ -119,23 +123,87 @@ pub fn current_stack_top(is_main: bool) -> usize {
         let end = unsafe { __libc_stack_end } as usize;
         // The initial stack extends a little above __libc_stack_end (argv, envp, auxv);
         // frames live below it.
-        return end;
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `rl` is a valid, writable rlimit.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut rl) } == 0;
+        let limit = if ok && rl.rlim_cur != libc::RLIM_INFINITY {
+            (rl.rlim_cur as usize).min(1 << 30)
+        } else {
+            1 << 30
+        };
+        return (end.saturating_sub(limit), end);
     }
     // SAFETY: a zeroed pthread_attr_t is filled by pthread_getattr_np; destroyed below.
     unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-            return 0;
+            return (0, 0);
         }
         let mut addr: *mut libc::c_void = std::ptr::null_mut();
         let mut size: libc::size_t = 0;
         let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
         libc::pthread_attr_destroy(&mut attr);
         if ok {
-            addr as usize + size
+            (addr as usize, addr as usize + size)
         } else {
-            0
+            (0, 0)
         }
+    }
+}
+
+/// Pages above the stack pointer probed on a stack that is not the thread's own.
+const PROBE_PAGES: usize = 16;
+/// Scratch the kernel copies probed pages into; never read.
+static mut PROBE_SCRATCH: [u8; 4096] = [0; 4096];
+
+/// The end of the readable memory starting at `sp`'s page, up to [`PROBE_PAGES`] pages: for a
+/// stack walk on a stack that is not the thread's own (a coroutine stack, a `sigaltstack`),
+/// where the memory between `sp` and the thread's stack may have unmapped gaps. One
+/// `process_vm_readv` of this process, one remote iovec per page (the kernel stops at the
+/// first page it cannot read and never splits an iovec); 0 when the call fails (e.g. forbidden
+/// by a seccomp filter) or nothing is readable. Allocates nothing.
+pub fn readable_above(sp: usize) -> usize {
+    if sp == 0 {
+        return 0;
+    }
+    let page = sp & !4095;
+    // Only the address of the scratch buffer is taken: the kernel writes into it and nothing
+    // ever reads it.
+    let scratch = (&raw mut PROBE_SCRATCH) as *mut libc::c_void;
+    let local = [libc::iovec {
+        iov_base: scratch,
+        iov_len: 4096,
+    }; PROBE_PAGES];
+    let mut remote = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 4096,
+    }; PROBE_PAGES];
+    for (i, r) in remote.iter_mut().enumerate() {
+        r.iov_base = (page + i * 4096) as *mut libc::c_void;
+    }
+    // SAFETY: both iovec arrays are valid for the call; the local ones all point at the
+    // scratch buffer (4096 writable bytes each); the remote ones are only read by the kernel,
+    // which reports unreadable pages instead of faulting. errno is restored.
+    let n = unsafe {
+        let saved = *libc::__errno_location();
+        let n = libc::process_vm_readv(
+            libc::getpid(),
+            local.as_ptr(),
+            PROBE_PAGES as libc::c_ulong,
+            remote.as_ptr(),
+            PROBE_PAGES as libc::c_ulong,
+            0,
+        );
+        *libc::__errno_location() = saved;
+        n
+    };
+    if n <= 0 {
+        0
+    } else {
+        page + n as usize
     }
 }
 
@@ -179,7 +247,7 @@ mod tests {
     #[inline(never)]
     fn depth3(out: &mut [u64; MAX_FRAMES]) -> usize {
         let fp = crate::frame_pointer!();
-        walk(fp, current_stack_top(false), out)
+        walk(fp, current_stack_bounds(false).1, out)
     }
 
     #[test]
@@ -187,6 +255,28 @@ mod tests {
         let mut out = [0u64; MAX_FRAMES];
         let n = std::thread::spawn(move || depth3(&mut out)).join().unwrap();
         assert!(n >= 2, "only {n} frames");
+    }
+
+    #[test]
+    fn readable_above_stops_at_an_unmapped_page() {
+        // SAFETY: a fresh private anonymous mapping of 4 pages; the last two are unmapped
+        // again, and the mapping is released at the end.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                4 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as usize;
+            assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+            libc::munmap((base + 2 * 4096) as *mut libc::c_void, 2 * 4096);
+            assert_eq!(readable_above(base + 100), base + 2 * 4096);
+            assert_eq!(readable_above(base + 4096 + 8), base + 2 * 4096);
+            libc::munmap(base as *mut libc::c_void, 2 * 4096);
+            assert_eq!(readable_above(base + 8), 0);
+        }
     }
 
     #[test]

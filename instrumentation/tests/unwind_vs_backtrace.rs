@@ -8,7 +8,7 @@ use vmo_layout::v1::MAX_FRAMES;
 #[inline(never)]
 fn capture() -> (Vec<u64>, Vec<u64>, Vec<u64>) {
     let fp = frame_pointer!();
-    let top = unwind::current_stack_top(false);
+    let top = unwind::current_stack_bounds(false).1;
     let cache = dwarf::new_cache();
     let mut ours = [0u64; MAX_FRAMES];
     // SAFETY: the cache is ours; freed below.
