@@ -87,6 +87,8 @@ fn list(a: ListArgs) -> Result<()> {
                     "threads": i.counters.threads,
                     "layout_version": i.version,
                     "region": e.file.path,
+                    "recording_stopped": i.stop_reasons(),
+                    "warnings": i.warnings,
                 }),
                 None => serde_json::json!({
                     "pid": e.file.pid,
@@ -104,16 +106,25 @@ fn list(a: ListArgs) -> Result<()> {
     );
     for e in &entries {
         match &e.info {
-            Some(i) => println!(
-                "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  {}",
-                e.file.pid,
-                e.liveness.as_str(),
-                i.counters.live_bytes,
-                i.counters.live_blocks,
-                i.counters.dropped_blocks,
-                i.version,
-                i.cmdline.join(" ")
-            ),
+            Some(i) => {
+                println!(
+                    "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  {}",
+                    e.file.pid,
+                    e.liveness.as_str(),
+                    i.counters.live_bytes,
+                    i.counters.live_blocks,
+                    i.counters.dropped_blocks,
+                    i.version,
+                    i.cmdline.join(" ")
+                );
+                // Why recording stopped and start-up warnings, under the process's line.
+                for r in i.stop_reasons() {
+                    println!("{:>8}  recording stopped: {r}", "");
+                }
+                for w in &i.warnings {
+                    println!("{:>8}  warning: {w}", "");
+                }
+            }
             None => println!(
                 "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  ({})",
                 e.file.pid,

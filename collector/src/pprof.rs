@@ -341,7 +341,15 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             k.live_bytes, k.live_blocks, k.allocs, k.frees, k.peak_live_bytes, k.dropped_blocks, k.dropped_stacks, k.threads
         ),
     ];
-    for cm in comments.iter().chain(c.meta.warnings.iter()) {
+    let recording: Vec<String> = (c.info.stop_reasons().into_iter())
+        .map(|r| format!("recording stopped: {r}"))
+        .chain(c.info.warnings.iter().map(|w| format!("shim warning: {w}")))
+        .collect();
+    for cm in comments
+        .iter()
+        .chain(c.meta.warnings.iter())
+        .chain(recording.iter())
+    {
         let i = s.id(cm);
         p.comment.push(i);
     }
@@ -422,36 +430,31 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Writes `p` (and the per-block samples, if any) gzip-compressed to `path` atomically: a
-/// temporary file in the same directory, renamed into place.
+/// Writes `p` (and the per-block samples, if any) gzip-compressed to `path`; `-` means
+/// standard output.
+///
+/// A file is written atomically and exclusively: the data goes to a fresh temporary file that
+/// `tempfile` creates with `O_EXCL` (so a planted symlink or file is never followed or
+/// reused) and mode 0600 in `path`'s directory, which is then renamed over `path`. The
+/// profile is therefore never world-readable (it holds the command line).
+///
+/// Errors: `path` is a directory, its directory cannot be written, or an I/O error (the
+/// temporary file is removed).
 pub fn write(
     p: &pb::Profile,
     blocks: Option<&BlockSamples<'_>>,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    use prost::Message;
     use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    let f =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     // Large per-block profiles favour speed over size.
     let level = match blocks {
         Some(b) if b.blocks.len() > 100_000 => flate2::Compression::fast(),
         _ => flate2::Compression::default(),
     };
-    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(f), level);
-    let result = (|| -> std::io::Result<()> {
+    let encode = |out: &mut dyn Write| -> std::io::Result<()> {
+        use prost::Message;
+        let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(out), level);
         gz.write_all(&p.encode_to_vec())?;
         if let Some(b) = blocks {
             let mut buf = Vec::with_capacity(5 << 20);
@@ -462,11 +465,34 @@ pub fn write(
             })?;
         }
         gz.finish()?.flush()
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    };
+    if path.as_os_str() == "-" {
+        let mut out = std::io::stdout().lock();
+        return encode(&mut out).context("cannot write the profile to standard output");
     }
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename to {}", path.display()))?;
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        anyhow::bail!(
+            "{}: is a directory; -o takes a file name (e.g. {}) or - for standard output",
+            path.display(),
+            path.join("heap.pb.gz").display()
+        );
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{}: not a file name", path.display()))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".tmp")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    encode(tmp.as_file_mut()).with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("cannot rename the profile to {}", path.display()))?;
     Ok(())
 }

@@ -12,6 +12,8 @@
 use crate::sys::{map_anon, parse_size, read_file, unmap, warn};
 use vmo_layout::clock::precise_ns;
 use vmo_layout::v1::{plan, Capacities};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use vmo_layout::writer::Backing;
 use vmo_layout::{ProcessIdentity, RegionWriter};
 
 /// Settings read from the environment.
@@ -235,6 +237,18 @@ pub fn create(settings: &Settings) -> Option<Created> {
         warn(b"heapdump: cannot map the region file; not recording\n");
         return None;
     }
+    // The header is written now: its page needs storage first (the rest is reserved as the
+    // region grows, see `Backing`).
+    // SAFETY: `p` maps at least one page of the region.
+    if !unsafe { Backing::populate(p as *mut u8, 4096) } {
+        // SAFETY: the mapping is ours and unused; `path` is NUL-terminated.
+        unsafe {
+            libc::munmap(p, size as usize);
+            libc::unlink(path.as_ptr() as *const libc::c_char);
+        }
+        warn(b"heapdump: the region directory's file system is full; not recording\n");
+        return None;
+    }
     let id = ProcessIdentity {
         pid,
         start_ticks: ticks,
@@ -246,7 +260,12 @@ pub fn create(settings: &Settings) -> Option<Created> {
     };
     // SAFETY: `p` is a fresh, zero-filled, page-aligned shared mapping of `size` bytes that we
     // never unmap.
-    let writer = unsafe { RegionWriter::create(p as *mut u8, size, &caps, &id) }?;
+    let mut writer = unsafe { RegionWriter::create(p as *mut u8, size, &caps, &id) }?;
+    // Two reservation states, used in turn: a forked child creates its region while the
+    // parent's (which it copies from) is still in use.
+    static BACKINGS: [Backing; 2] = [Backing::new(), Backing::new()];
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    writer.set_backing(&BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2]);
     Some(Created {
         writer,
         path,

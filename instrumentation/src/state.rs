@@ -520,8 +520,14 @@ fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     // SAFETY: this child is single-threaded (fork handlers run before anything else); the
     // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
     // before the fork) keeps the records the index points to from being recycled meanwhile.
-    let (blocks, bytes) = unsafe { w.inherit(&parent, INDEX.entries()) };
+    let inherited = unsafe { w.inherit(&parent, INDEX.entries()) };
     release_lease();
+    let Some((blocks, bytes)) = inherited else {
+        // No room for the copy: this child records nothing.
+        // SAFETY: the path is NUL-terminated.
+        unsafe { libc::unlink(created.path.as_ptr() as *const libc::c_char) };
+        return false;
+    };
     let orphan = w.thread(ORPHAN_SLOT);
     orphan.allocs.store(blocks, Ordering::Relaxed);
     orphan.alloc_bytes.store(bytes, Ordering::Relaxed);

@@ -83,6 +83,24 @@ pub struct RegionInfo {
     pub sample_interval: u64,
     /// Counters summed over thread slots.
     pub counters: Counters,
+    /// `RECORDING_*` bits: why recording is (partly) stopped; 0 when it is not.
+    pub recording_flags: u32,
+    /// The writer's start-up warnings (invalid settings, …), one per line.
+    pub warnings: Vec<String>,
+}
+
+impl RegionInfo {
+    /// Why recording is (partly) stopped, in words; empty when everything is recorded.
+    pub fn stop_reasons(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.recording_flags & RECORDING_FS_FULL != 0 {
+            v.push("the region's file system is full: blocks or stack traces not recorded (see dropped counts)");
+        }
+        if self.recording_flags & RECORDING_FOREIGN_WRITER != 0 {
+            v.push("a child process made without fork handlers (raw clone/fork) tried to record here and was stopped");
+        }
+        v
+    }
 }
 
 /// Cumulative counters of a region.
@@ -340,6 +358,14 @@ impl<'a> Region<'a> {
             state: AtomicU32::load(&h.state, Ordering::Acquire),
             sample_interval: h.sample_interval,
             counters: c,
+            recording_flags: h.recording_flags.load(Ordering::Relaxed),
+            warnings: h
+                .warnings
+                .split(|b| *b == b'\n' || *b == 0)
+                .filter(|s| !s.is_empty())
+                .take(32)
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
         }
     }
 

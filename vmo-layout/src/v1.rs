@@ -125,8 +125,9 @@ pub struct HeaderV1 {
     pub sample_interval: u64,
     /// [`STATE_INITIALIZING`], [`STATE_READY`] or [`STATE_EXITED`].
     pub state: AtomicU32,
-    /// Zero.
-    pub reserved0: u32,
+    /// Why recording is (partly) stopped: an or of `RECORDING_*` bits, 0 while everything is
+    /// recorded. Set by the writer, never cleared.
+    pub recording_flags: AtomicU32,
     _pad0: [u8; 128 - 96],
     /// Reader lease: `CLOCK_MONOTONIC` ns at which a reader started, 0 when none.
     pub lease: AtomicU64,
@@ -160,7 +161,9 @@ pub struct HeaderV1 {
     pub exe_path: [u8; PATH_BYTES],
     /// Command line, arguments separated by NUL, NUL-padded (truncated).
     pub cmdline: [u8; PATH_BYTES],
-    _reserved: [u8; 1024],
+    /// Warnings of the writer at start-up (invalid settings, …): UTF-8 lines, each ending in
+    /// `\n`, NUL-padded (truncated). Written before `state` becomes [`STATE_READY`].
+    pub warnings: [u8; WARNINGS_BYTES],
 }
 const _: () = assert!(size_of::<HeaderV1>() == HEADER_SIZE);
 const _: () = assert!(offset_of!(HeaderV1, state) == 88);
@@ -171,6 +174,19 @@ const _: () = assert!(offset_of!(HeaderV1, thread_count) == 320);
 const _: () = assert!(offset_of!(HeaderV1, sections) == 384);
 const _: () = assert!(offset_of!(HeaderV1, exe_path) == 1024);
 const _: () = assert!(offset_of!(HeaderV1, cmdline) == 2048);
+const _: () = assert!(offset_of!(HeaderV1, recording_flags) == 92);
+const _: () = assert!(offset_of!(HeaderV1, warnings) == 3072);
+
+/// Size of [`HeaderV1::warnings`].
+pub const WARNINGS_BYTES: usize = 1024;
+/// `HeaderV1::recording_flags`: blocks or stack traces were not recorded because the file
+/// system holding the region is full (the shim reserves the file's pages before it writes
+/// them, and stops growing the region when it cannot).
+pub const RECORDING_FS_FULL: u32 = 1;
+/// `HeaderV1::recording_flags`: a process sharing this region's mapping without being its
+/// writer (a child made by a raw `clone`/`fork` system call, which runs no fork handlers) was
+/// detected and stopped recording into it.
+pub const RECORDING_FOREIGN_WRITER: u32 = 2;
 
 /// `HeaderV1::state`: the writer is still laying out the region.
 pub const STATE_INITIALIZING: u32 = 0;

@@ -1,7 +1,8 @@
 //! The writer side: lays out a fresh region and performs the insert/erase protocol on it.
 //!
-//! Nothing here allocates, locks or makes a system call; the shim calls these functions from
-//! inside `malloc`. Concurrency contract (see `ARCHITECTURE.md`):
+//! Nothing here allocates or locks, and system calls are made only by [`Backing`], once per
+//! chunk of a section that the region grows into; the shim calls these functions from inside
+//! `malloc`. Concurrency contract (see `ARCHITECTURE.md`):
 //!
 //! * a node is written only by the thread that took it from the pool (or erases it);
 //! * every insert or erase runs between [`RegionWriter::op_begin`] and [`RegionWriter::op_end`]
@@ -12,7 +13,7 @@
 use crate::clock::{now_ns, realtime_ns};
 use crate::v1::*;
 use std::mem::size_of;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
 /// Who the writer is; stored in the header.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +39,9 @@ pub struct ProcessIdentity<'a> {
 pub struct RegionWriter {
     base: *mut u8,
     sections: [SectionV1; section::COUNT],
+    /// Reserves storage for pages before their first write; null when the mapping needs none
+    /// (anonymous memory, tests).
+    backing: *const Backing,
 }
 
 // SAFETY: the region is shared memory accessed only through atomics (or, for the module
@@ -84,7 +88,54 @@ impl RegionWriter {
         h.sections[..section::COUNT].copy_from_slice(&sections);
         copy_truncated(&mut h.exe_path, id.exe_path);
         copy_truncated(&mut h.cmdline, id.cmdline);
-        Some(RegionWriter { base, sections })
+        Some(RegionWriter {
+            base,
+            sections,
+            backing: std::ptr::null(),
+        })
+    }
+
+    /// From now on, reserve the storage of every page of the region before it is first
+    /// touched (written or read) through `backing`, and refuse to grow into pages whose storage
+    /// cannot be reserved. Call before the writer is shared with other threads.
+    ///
+    /// Only the header page must already be backed: everything else is reserved on demand.
+    pub fn set_backing(&mut self, backing: &'static Backing) {
+        backing.reset();
+        self.backing = backing;
+    }
+
+    /// Whether entries `[0, end)` of section `kind` may be touched (their storage reserved).
+    #[inline]
+    fn backed(&self, kind: u32, end: u64) -> bool {
+        if self.backing.is_null() {
+            return true;
+        }
+        // SAFETY: set from a `&'static Backing`.
+        let b = unsafe { &*self.backing };
+        end <= b.backed[kind as usize - 1].load(Ordering::Acquire) || b.grow(self, kind, end)
+    }
+
+    /// Writes the start-up warnings (`text`: lines ending in `\n`; truncated to
+    /// [`WARNINGS_BYTES`] − 1 bytes).
+    ///
+    /// # Safety
+    /// Only before the region is published ([`Self::set_state`] to [`STATE_READY`]) and before
+    /// the writer is shared with other threads: the field is plain memory.
+    pub unsafe fn set_warnings(&self, text: &[u8]) {
+        // SAFETY: the caller guarantees nobody else accesses the header's warnings now; the
+        // header lies in the mapping (checked by `create`).
+        let h = unsafe { &mut *(self.base as *mut HeaderV1) };
+        h.warnings = [0; WARNINGS_BYTES];
+        copy_truncated(&mut h.warnings, text);
+    }
+
+    /// Sets `RECORDING_*` bits in the header's `recording_flags`.
+    pub fn raise_recording_flag(&self, bits: u32) {
+        let f = &self.header().recording_flags;
+        if f.load(Ordering::Relaxed) & bits != bits {
+            f.fetch_or(bits, Ordering::Relaxed);
+        }
     }
 
     /// Marks the region ready for readers (Release: everything written before is visible).
@@ -129,11 +180,26 @@ impl RegionWriter {
         if h.node_cursor.load(Ordering::Relaxed) >= cap {
             return None;
         }
-        let start = h.node_cursor.fetch_add(n, Ordering::Relaxed);
-        if start >= cap {
-            return None;
+        let mut start = h.node_cursor.load(Ordering::Relaxed);
+        loop {
+            if start >= cap {
+                return None;
+            }
+            let end = (start + n).min(cap);
+            // Never hand out a node whose page has no storage: writing it would raise SIGBUS.
+            if !self.backed(section::ALLOCATIONS, end) {
+                return None;
+            }
+            match h.node_cursor.compare_exchange_weak(
+                start,
+                end,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some((start, end)),
+                Err(now) => start = now,
+            }
         }
-        Some((start, (start + n).min(cap)))
     }
 
     /// The node at `index` (< [`Self::node_capacity`]).
@@ -210,8 +276,8 @@ impl RegionWriter {
     /// `(address, node)` pair of `live` (the child's inherited address index: the blocks live at
     /// the fork) is copied to the same index with `t_free` cleared, so the index stays valid;
     /// the stack table, stack counters and module table are copied up to their cursors.
-    /// Returns the inherited (blocks, bytes). A pair whose node no longer holds its address is
-    /// skipped.
+    /// Returns the inherited (blocks, bytes), `None` when this region's file system has no room
+    /// for the copy. A pair whose node no longer holds its address is skipped.
     ///
     /// The parent keeps running: its `fork_lease` must have been set before the fork, so no
     /// node live then is recycled while this copies.
@@ -223,12 +289,32 @@ impl RegionWriter {
         &self,
         parent: &RegionWriter,
         live: impl Iterator<Item = (u64, u32)>,
-    ) -> (u64, u64) {
+    ) -> Option<(u64, u64)> {
         let (ph, h) = (parent.header(), self.header());
-        let cursor = ph
-            .node_cursor
-            .load(Ordering::Acquire)
-            .min(self.node_capacity());
+        // Only what has storage in the parent is read, and only what has storage here is
+        // written (`None` when this region's file system cannot hold the copy).
+        let limit = |kind: u32, n: u64| n.min(parent.backed_len(kind)).min(self.capacity(kind));
+        let cursor = limit(
+            section::ALLOCATIONS,
+            ph.node_cursor.load(Ordering::Acquire),
+        );
+        let cap = self.capacity(section::STACK_ENTRIES);
+        let stacks = limit(
+            section::STACK_ENTRIES,
+            ph.stack_count.load(Ordering::Acquire),
+        );
+        let frames = limit(
+            section::STACK_FRAMES,
+            ph.frame_cursor.load(Ordering::Acquire),
+        );
+        let modules = limit(section::MODULES, ph.module_count.load(Ordering::Acquire));
+        if !(self.backed(section::ALLOCATIONS, cursor)
+            && self.backed(section::STACK_ENTRIES, stacks)
+            && self.backed(section::STACK_FRAMES, frames)
+            && self.backed(section::MODULES, modules))
+        {
+            return None;
+        }
         let (mut blocks, mut bytes) = (0u64, 0u64);
         for (address, i) in live {
             if i as u64 >= cursor {
@@ -262,12 +348,6 @@ impl RegionWriter {
                 )
             };
         };
-        let cap = self.capacity(section::STACK_ENTRIES);
-        let stacks = ph.stack_count.load(Ordering::Acquire).min(cap);
-        let frames = ph
-            .frame_cursor
-            .load(Ordering::Acquire)
-            .min(self.capacity(section::STACK_FRAMES));
         copy(section::STACK_ENTRIES, 0, stacks);
         copy(section::STACK_FRAMES, 0, frames);
         for stripe in 0..STRIPES as u64 {
@@ -277,12 +357,19 @@ impl RegionWriter {
         h.frame_cursor.store(frames, Ordering::Relaxed);
         h.dropped_stacks
             .store(ph.dropped_stacks.load(Ordering::Relaxed), Ordering::Relaxed);
-        let modules = ph.module_count.load(Ordering::Acquire);
         copy(section::MODULES, 0, modules);
-        h.module_count
-            .store(modules.min(self.module_capacity()), Ordering::Relaxed);
+        h.module_count.store(modules, Ordering::Relaxed);
         h.peak_live_bytes.store(bytes, Ordering::Relaxed);
-        (blocks, bytes)
+        Some((blocks, bytes))
+    }
+
+    /// Entries of section `kind` whose storage is reserved (`u64::MAX` without [`Backing`]).
+    fn backed_len(&self, kind: u32) -> u64 {
+        if self.backing.is_null() {
+            return u64::MAX;
+        }
+        // SAFETY: set from a `&'static Backing`.
+        unsafe { &*self.backing }.backed[kind as usize - 1].load(Ordering::Acquire)
     }
 
     /// Reads node `index` whatever its state (under its seqlock): a record the parent freed
@@ -317,6 +404,9 @@ impl RegionWriter {
     pub fn claim_thread(&self, tid: u32, name: &[u8; 16]) -> Option<u32> {
         let cap = self.capacity(section::THREADS);
         for i in 0..cap as u32 {
+            if !self.backed(section::THREADS, i as u64 + 1) {
+                return None;
+            }
             let slot = self.thread(i);
             if slot.state.load(Ordering::Relaxed) == SLOT_FREE
                 && slot
@@ -400,6 +490,13 @@ impl RegionWriter {
             h.dropped_stacks.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        // The entry, its counters and its frames must have storage before they are written.
+        if !self.backed(section::STACK_ENTRIES, id + 1)
+            || !self.backed(section::STACK_FRAMES, off + frames.len() as u64)
+        {
+            h.dropped_stacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         for (i, f) in frames.iter().enumerate() {
             self.entry::<AtomicU64>(section::STACK_FRAMES, off + i as u64)
                 .store(*f, Ordering::Relaxed);
@@ -463,18 +560,168 @@ impl RegionWriter {
         h.module_seq.store(s | 1, Ordering::Relaxed);
         fence(Ordering::Release);
         let sec = &self.sections[section::MODULES as usize - 1];
+        // Hand out only entries with storage: the used ones and room for this refresh.
+        let used = h.module_count.load(Ordering::Relaxed).min(sec.capacity);
+        let mut len = (used + 64).min(sec.capacity);
+        while len > used && !self.backed(section::MODULES, len) {
+            len = used + (len - used) / 2;
+        }
         // SAFETY: the section lies in the mapping; the caller guarantees exclusive writers;
         // readers in other processes copy under the seqlock and validate what they read.
         let table = unsafe {
             std::slice::from_raw_parts_mut(
                 self.base.add(sec.offset as usize) as *mut ModuleV1,
-                sec.capacity as usize,
+                len as usize,
             )
         };
         let r = f(table, &h.module_count);
         h.module_seq.store((s | 1) + 1, Ordering::Release);
         r
     }
+}
+
+/// Reserves the storage of a region's pages before the writer first touches them.
+///
+/// A region is a sparse file in a `MAP_SHARED` mapping: a page gets its storage when first
+/// touched, and when the file system (a tmpfs such as `/dev/shm`, 64 MiB by default in
+/// Docker) has none left, that touch raises `SIGBUS` and kills the program. So each section
+/// grows by chunks (64 KiB at first, then an eighth of what it has, at most 4 MiB) whose pages
+/// are populated with `madvise(MADV_POPULATE_WRITE)` (Linux ≥ 5.14), which reports a full file
+/// system as an error instead of a signal. When that fails the section stops growing, the
+/// header's `recording_flags` gets [`RECORDING_FS_FULL`], and growth is tried again at most
+/// once a second; the writer drops what it cannot record and counts it. On kernels without
+/// `MADV_POPULATE_WRITE` pages are taken as backed (the old behaviour).
+#[derive(Debug)]
+pub struct Backing {
+    lock: AtomicBool,
+    /// Per section (kind − 1): entries `[0, backed)` have storage.
+    backed: [AtomicU64; section::COUNT],
+    /// Region-clock ns before which no new attempt is made after a failure.
+    retry_at: AtomicU64,
+}
+
+const BACKING_MIN_CHUNK: u64 = 64 << 10;
+const BACKING_MAX_CHUNK: u64 = 4 << 20;
+
+impl Default for Backing {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backing {
+    /// Nothing backed yet.
+    pub const fn new() -> Self {
+        Backing {
+            lock: AtomicBool::new(false),
+            backed: [const { AtomicU64::new(0) }; section::COUNT],
+            retry_at: AtomicU64::new(0),
+        }
+    }
+
+    fn reset(&self) {
+        for b in &self.backed {
+            b.store(0, Ordering::Relaxed);
+        }
+        self.retry_at.store(0, Ordering::Relaxed);
+        self.lock.store(false, Ordering::Release);
+    }
+
+    /// Reserves storage for `len` bytes at `p`; false when the file system has none.
+    ///
+    /// # Safety
+    /// `[p, p + len)` must lie in a shared mapping of the region.
+    pub unsafe fn populate(p: *mut u8, len: usize) -> bool {
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        // SAFETY: the caller guarantees the range is mapped; populating writes nothing the
+        // program can see (it faults pages in as a write would, zero-filled).
+        let r = unsafe { libc::madvise(p as *mut libc::c_void, len, MADV_POPULATE_WRITE) };
+        // EINVAL: a kernel older than 5.14 (no way to ask without a signal): proceed.
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
+    }
+
+    #[cold]
+    fn grow(&self, w: &RegionWriter, kind: u32, end: u64) -> bool {
+        let i = kind as usize - 1;
+        let sec = &w.sections[i];
+        if end > sec.capacity {
+            return false;
+        }
+        if now_ns() < self.retry_at.load(Ordering::Relaxed) {
+            return false;
+        }
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        let saved_errno = errno();
+        let mut ok = true;
+        while ok && self.backed[i].load(Ordering::Relaxed) < end {
+            let have = self.backed[i].load(Ordering::Relaxed);
+            let es = sec.entry_size as u64;
+            let chunk = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_MAX_CHUNK);
+            // Round the new end up to a page boundary, in entries.
+            let page_end = (have * es + chunk).div_ceil(4096) * 4096;
+            let new = (page_end / es).max(end).min(sec.capacity);
+            ok = self.populate_entries(w, kind, have, new);
+            if kind == section::STACK_ENTRIES && ok {
+                // The entry's counters, one per stripe, grow with it.
+                let c = &w.sections[section::STACK_COUNTERS as usize - 1];
+                for s in 0..STRIPES as u64 {
+                    let lo = s * sec.capacity;
+                    ok = ok
+                        && self.populate_range(
+                            w,
+                            c.offset + (lo + have) * c.entry_size as u64,
+                            c.offset + (lo + new) * c.entry_size as u64,
+                        );
+                }
+            }
+            if ok {
+                self.backed[i].store(new, Ordering::Release);
+            }
+        }
+        if !ok {
+            self.retry_at
+                .store(now_ns().saturating_add(1_000_000_000), Ordering::Relaxed);
+            w.raise_recording_flag(RECORDING_FS_FULL);
+        }
+        set_errno(saved_errno);
+        self.lock.store(false, Ordering::Release);
+        ok
+    }
+
+    fn populate_entries(&self, w: &RegionWriter, kind: u32, from: u64, to: u64) -> bool {
+        let sec = &w.sections[kind as usize - 1];
+        let es = sec.entry_size as u64;
+        self.populate_range(w, sec.offset + from * es, sec.offset + to * es)
+    }
+
+    /// Populates the pages overlapping `[from, to)` (byte offsets in the region).
+    fn populate_range(&self, w: &RegionWriter, from: u64, to: u64) -> bool {
+        let lo = from & !4095;
+        let hi = to.div_ceil(4096) * 4096;
+        if hi <= lo {
+            return true;
+        }
+        // SAFETY: section offsets and capacities were checked against the mapping by
+        // `create`; page rounding stays inside it (sections are page-aligned and the file
+        // size is a multiple of the page size).
+        unsafe { Self::populate(w.base.add(lo as usize), (hi - lo) as usize) }
+    }
+}
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location returns the calling thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(v: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = v };
 }
 
 fn copy_truncated(dst: &mut [u8], src: &[u8]) {

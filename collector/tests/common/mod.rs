@@ -28,7 +28,13 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// `libheapdump.so` built next to the binary under test.
+///
+/// `HEAPDUMP_TEST_SHIM=FILE` tests another build instead (e.g. an older one, to see a test fail
+/// without the fix it checks).
 pub fn shim() -> PathBuf {
+    if let Some(p) = std::env::var_os("HEAPDUMP_TEST_SHIM") {
+        return PathBuf::from(p);
+    }
     let p = target_dir().join("libheapdump.so");
     assert!(
         p.exists(),
@@ -379,4 +385,77 @@ impl Raw {
 /// (blocks, bytes) from the words after "ready": PID BLOCKS BYTES.
 pub fn tally(ready: &[String]) -> (i64, i64) {
     (ready[1].parse().unwrap(), ready[2].parse().unwrap())
+}
+
+/// Output of a command run with a time limit.
+#[derive(Debug)]
+pub struct Timed {
+    /// `None`: killed by a signal (including the time limit's SIGKILL).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Whether the time limit was reached (the command was then killed).
+    pub timed_out: bool,
+    pub elapsed: std::time::Duration,
+}
+
+/// Runs `cmd` (stdin null, stdout and stderr captured in temporary files) for at most `limit`;
+/// a command still running then is killed with SIGKILL.
+pub fn run_timeout(cmd: &mut Command, limit: std::time::Duration) -> Timed {
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let started = std::time::Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .expect("spawn");
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > limit {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let elapsed = started.elapsed();
+    let read = |mut f: std::fs::File| {
+        use std::io::{Read, Seek};
+        let mut s = String::new();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.read_to_string(&mut s).unwrap();
+        s
+    };
+    Timed {
+        code: status.code(),
+        stdout: read(out),
+        stderr: read(err),
+        timed_out,
+        elapsed,
+    }
+}
+
+/// `heapdump ARGS` with HEAPDUMP_DIR=`dir`, killed after `limit`.
+pub fn heapdump_timeout(dir: &Path, args: &[&str], limit: std::time::Duration) -> Timed {
+    run_timeout(
+        Command::new(heapdump()).args(args).env("HEAPDUMP_DIR", dir),
+        limit,
+    )
+}
+
+/// The one region file in `dir`.
+pub fn region_file(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "heapdump"))
+        .collect();
+    assert_eq!(files.len(), 1, "expected one region in {}: {files:?}", dir.display());
+    files[0].clone()
 }
