@@ -563,3 +563,78 @@ fn fork_from_a_worker_thread() {
     assert_eq!(raw.sum_with("child_alloc_in_thread")[2..], [100, 100 * 100]);
     assert_eq!(r.finish(), 0);
 }
+
+// ---- Issue 8, C/B items: the collector's own trust boundary ----
+
+/// C1: `-o` creates its temporary file exclusively (a planted symlink is never followed), the
+/// profile is mode 0600 whatever the umask, `-o -` writes to stdout, `-o DIR` fails cleanly.
+#[test]
+fn output_is_exclusive_private_and_goes_to_stdout() {
+    use std::io::Read;
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("output");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let out_dir = region_dir("output-dir");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let victim = out_dir.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    // The old temporary name was `.NAME.tmpPID`: plant a symlink for every pid the collector
+    // may get (pids are handed out in order; other tests run meanwhile).
+    let last_pid = Command::new("true").spawn().unwrap().id();
+    for p in last_pid..last_pid + 3000 {
+        std::os::unix::fs::symlink(&victim, out_dir.join(format!(".s.pb.gz.tmp{p}"))).unwrap();
+    }
+    let out = out_dir.join("s.pb.gz");
+    let (ok, so, se) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+    );
+    assert!(ok, "{so}{se}");
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"precious",
+        "the file a planted symlink points to was overwritten"
+    );
+    let md = std::fs::symlink_metadata(&out).unwrap();
+    assert!(md.file_type().is_file(), "the profile is a regular file");
+    assert_eq!(md.mode() & 0o777, 0o600, "profile mode");
+    assert_eq!(pprof_raw(&out).total()[2], 1110);
+
+    // `-o -`: the profile on stdout, nothing else there.
+    let o = Command::new(heapdump())
+        .args(["snapshot", "--by-pid", &pid, "-o", "-"])
+        .env("HEAPDUMP_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(o.stdout.as_slice())
+        .read_to_end(&mut raw)
+        .expect("stdout is a gzip stream");
+    let p = <heapdump_proto::Profile as prost::Message>::decode(raw.as_slice()).unwrap();
+    assert_eq!(
+        p.sample.iter().map(|s| s.value[2]).sum::<i64>(),
+        1110,
+        "blocks in the profile written to stdout"
+    );
+    assert!(!out_dir.join("-").exists());
+
+    // `-o DIR`: a clear error, no temporary file left behind.
+    let before = std::fs::read_dir(&out_dir).unwrap().count();
+    let (ok, _, se) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "-o",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok);
+    assert!(se.contains("is a directory"), "{se}");
+    assert_eq!(std::fs::read_dir(&out_dir).unwrap().count(), before);
+    assert_eq!(r.finish(), 0);
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
