@@ -12,12 +12,23 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use vmo_layout::{Region, RegionInfo};
 
-/// The region directory for this user.
+/// The region directory for this user: `$HEAPDUMP_DIR`, else `/dev/shm/heapdump-UID`; when
+/// that directory is not private to this user (another owner, or group/other permission bits,
+/// as `/tmp`), its subdirectory `heapdump-UID`, as the shim chooses
+/// (`instrumentation/src/region.rs`, `ensure_dir`): the shim never changes the mode of a
+/// directory.
 pub fn region_dir() -> PathBuf {
-    match std::env::var_os("HEAPDUMP_DIR") {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let d = match std::env::var_os("HEAPDUMP_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        // SAFETY: getuid has no preconditions.
-        _ => PathBuf::from(format!("/dev/shm/heapdump-{}", unsafe { libc::getuid() })),
+        _ => PathBuf::from(format!("/dev/shm/heapdump-{uid}")),
+    };
+    match std::fs::symlink_metadata(&d) {
+        Ok(m) if m.is_dir() && (m.uid() != uid || m.mode() & 0o077 != 0) => {
+            d.join(format!("heapdump-{uid}"))
+        }
+        _ => d,
     }
 }
 

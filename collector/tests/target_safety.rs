@@ -24,7 +24,13 @@ impl Tmpfs {
         let d = region_dir(name);
         std::fs::create_dir_all(&d).unwrap();
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(&d)
             .status()
             .map(|s| s.success())
@@ -105,8 +111,129 @@ fn full_tmpfs_never_kills_the_target() {
             &["snapshot", "--region", region, "-o", out.to_str().unwrap()],
         );
         assert!(ok, "snapshot of {region}: {err}");
-        assert_eq!(decode(&out).sample.iter().map(|s| s.value[2]).sum::<i64>() as u64, live);
+        assert_eq!(
+            decode(&out).sample.iter().map(|s| s.value[2]).sum::<i64>() as u64,
+            live
+        );
         let _ = std::fs::remove_file(&out);
     }
     assert!(stopped > 0, "64 MiB held 4 × 20 MB of records? {list:?}");
+}
+
+/// A6: the allocation functions at their edges (odd alignments, huge sizes, errno around
+/// `free` and failing calls) behave exactly as bare glibc's, in the same run.
+#[test]
+fn edge_cases_behave_as_bare_glibc() {
+    let exe = compile_c("glibc_semantics", &["-O0", "-Wno-alloc-size-larger-than"]);
+    let run = |preload: Option<&Path>| {
+        let dir = region_dir("glibc-semantics");
+        let mut c = Command::new(&exe);
+        c.env("HEAPDUMP_DIR", &dir).env("HEAPDUMP_KEEP", "1");
+        if let Some(p) = preload {
+            c.env("LD_PRELOAD", p);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (String::from_utf8(out.stdout).unwrap(), dir)
+    };
+    let (bare, _) = run(None);
+    let (shimmed, dir) = run(Some(&shim()));
+    assert!(bare.lines().count() >= 25, "{bare}");
+    assert_eq!(shimmed, bare, "under the shim (left) vs bare glibc (right)");
+    // The shim was really there and recorded the calls.
+    let list = list_json(&dir);
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert!(list[0]["allocations"].as_u64().unwrap() >= 15, "{list:?}");
+}
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// A7: `HEAPDUMP_DIR` naming an existing directory that is not private (a shared 1777
+/// directory such as /tmp, or the user's own 0755 one) keeps its mode; the region goes to a
+/// private subdirectory `heapdump-UID`, where the collector finds it.
+#[test]
+fn existing_directory_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = compile_c("known_allocs", &[]);
+    for mode in [0o1777, 0o755, 0o700] {
+        let dir = region_dir(&format!("dirmode-{mode:o}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let r = start(Command::new(&exe), &dir, true);
+        assert_eq!(mode_of(&dir), mode, "the mode of {} changed", dir.display());
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let sub = dir.join(format!("heapdump-{uid}"));
+        let expect_sub = mode != 0o700;
+        assert_eq!(sub.is_dir(), expect_sub, "{mode:o}");
+        if expect_sub {
+            assert_eq!(mode_of(&sub), 0o700);
+        }
+        let p = decode(&snapshot(&dir, r.pid(), &[]));
+        assert_eq!(
+            p.sample.iter().map(|s| s.value[2]).sum::<i64>(),
+            1110,
+            "{mode:o}"
+        );
+        assert_eq!(r.finish(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// C5: invalid or misspelled settings are not silently ignored: the warning is in the region
+/// (`heapdump list`, the profile's comments), and the program's own output is unchanged.
+#[test]
+fn invalid_settings_are_reported() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("settings");
+    let mut cmd = Command::new(&exe);
+    cmd.env("HEAPDUMP_MAX_BLOCKS", "abc")
+        .env("HEAPDUMP_UNWIND", "dwraf")
+        .env("HEAPDUMP_KEEP", "maybe")
+        .env("HEAPDUMP_MAX_THREADS", "1")
+        .env("HEAPDUMP_MAX_BLOCK", "5");
+    let r = start(cmd, &dir, true);
+    let list = list_json(&dir);
+    let warnings: Vec<String> = list[0]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_owned())
+        .collect();
+    let expected = [
+        "HEAPDUMP_MAX_BLOCKS=abc is not a count (e.g. 1M): default kept",
+        "HEAPDUMP_UNWIND=dwraf is neither dwarf nor fp: using dwarf",
+        "HEAPDUMP_KEEP=maybe is not 1/0, true/false or yes/no: ignored",
+        "HEAPDUMP_MAX_THREADS=1 is out of range: using 2",
+        "HEAPDUMP_MAX_BLOCK is not a heapdump setting: ignored (see the README's list)",
+    ];
+    let mut got = warnings.clone();
+    got.sort();
+    let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(got, want);
+    let (ok, text, _) = heapdump_cmd(&dir, &["list"]);
+    assert!(
+        ok && text.contains("warning: HEAPDUMP_UNWIND=dwraf"),
+        "{text}"
+    );
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    let comments: Vec<&str> = p
+        .comment
+        .iter()
+        .map(|i| p.string_table[*i as usize].as_str())
+        .collect();
+    for w in expected {
+        assert!(
+            comments.iter().any(|c| c.ends_with(w)),
+            "{w:?} not in {comments:?}"
+        );
+    }
+    // The default (CFI) unwinder was kept: the stack reaches main through known_allocs'
+    // functions.
+    assert_eq!(sum_through(&p, "main")[2], 1110);
+    assert_eq!(r.finish(), 0);
 }

@@ -10,9 +10,9 @@
 //! `environ` being initialized.
 
 use crate::sys::{map_anon, parse_size, read_file, unmap, warn};
-use vmo_layout::clock::precise_ns;
-use vmo_layout::v1::{plan, Capacities};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use vmo_layout::clock::precise_ns;
+use vmo_layout::v1::{plan, Capacities, WARNINGS_BYTES};
 use vmo_layout::writer::Backing;
 use vmo_layout::{ProcessIdentity, RegionWriter};
 
@@ -31,9 +31,39 @@ pub struct Settings {
     pub sample_interval: u64,
     /// Unwind by CFI (`HEAPDUMP_UNWIND=dwarf`, the default) or by frame pointers only (`fp`).
     pub dwarf: bool,
+    /// Warnings about the settings (invalid or adjusted values), lines ending in `\n`, stored
+    /// in the region's header where `heapdump list` and the profile's comments show them.
+    pub warnings: [u8; WARNINGS_BYTES],
+    /// Bytes used in `warnings`.
+    pub warnings_len: usize,
 }
 
-/// Reads `/proc/self/environ` and returns the settings.
+/// Longest `HEAPDUMP_DIR` accepted, bytes: room for a private subdirectory and the file name.
+const DIR_MAX: usize = 440;
+
+impl Settings {
+    /// Appends a warning line made of `parts`.
+    pub fn warn(&mut self, parts: &[&[u8]]) {
+        let mut c = Cursor {
+            buf: &mut self.warnings[..],
+            len: self.warnings_len,
+        };
+        for p in parts {
+            c.push(p);
+        }
+        c.push(b"\n");
+        self.warnings_len = c.len;
+    }
+
+    /// The warnings written so far.
+    pub fn warnings(&self) -> &[u8] {
+        &self.warnings[..self.warnings_len]
+    }
+}
+
+/// Reads `/proc/self/environ` and returns the settings. Invalid values are ignored (the
+/// default stays) with a warning in [`Settings::warnings`]; values out of range are clamped,
+/// with a warning.
 pub fn settings() -> Settings {
     const ENV_MAX: usize = 1 << 20;
     let mut s = Settings {
@@ -43,6 +73,8 @@ pub fn settings() -> Settings {
         disabled: false,
         sample_interval: 0,
         dwarf: cfg!(target_arch = "x86_64"),
+        warnings: [0; WARNINGS_BYTES],
+        warnings_len: 0,
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -62,37 +94,104 @@ pub fn settings() -> Settings {
             continue;
         };
         let (k, v) = (&var[..eq], &var[eq + 1..]);
+        if !k.starts_with(b"HEAPDUMP_") {
+            continue;
+        }
+        // What the user wrote, shortened for the warning.
+        let shown = &var[..var.len().min(120)];
         match k {
-            b"HEAPDUMP_DIR" if !v.is_empty() && v.len() < 400 => {
+            b"HEAPDUMP_DIR" if v.is_empty() => {}
+            b"HEAPDUMP_DIR" if v.len() > DIR_MAX || v.contains(&0) => {
+                s.disabled = true;
+                warn(b"heapdump: HEAPDUMP_DIR is longer than 440 bytes; not recording\n");
+            }
+            b"HEAPDUMP_DIR" => {
                 s.dir = [0; 512];
                 s.dir[..v.len()].copy_from_slice(v);
             }
-            b"HEAPDUMP_KEEP" => s.keep = v == b"1" || v == b"true" || v == b"yes",
-            b"HEAPDUMP_DISABLE" => s.disabled = v == b"1" || v == b"true" || v == b"yes",
-            b"HEAPDUMP_SAMPLE_INTERVAL" => s.sample_interval = parse_size(v).unwrap_or(0),
-            b"HEAPDUMP_UNWIND" => s.dwarf = v == b"dwarf" && cfg!(target_arch = "x86_64"),
+            b"HEAPDUMP_KEEP" => match flag(v) {
+                Some(b) => s.keep = b,
+                None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
+            },
+            b"HEAPDUMP_DISABLE" => match flag(v) {
+                Some(b) => s.disabled = b,
+                None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
+            },
+            b"HEAPDUMP_SAMPLE_INTERVAL" => match parse_size(v) {
+                Some(x) => s.sample_interval = x,
+                None => s.warn(&[
+                    shown,
+                    b" is not a size (e.g. 512K): every allocation recorded",
+                ]),
+            },
+            b"HEAPDUMP_UNWIND" => {
+                if v.eq_ignore_ascii_case(b"dwarf") {
+                    s.dwarf = cfg!(target_arch = "x86_64");
+                } else if v.eq_ignore_ascii_case(b"fp") {
+                    s.dwarf = false;
+                } else {
+                    s.warn(&[shown, b" is neither dwarf nor fp: using dwarf"]);
+                }
+            }
             b"HEAPDUMP_MAX_BLOCKS" => {
-                if let Some(x) = parse_size(v) {
-                    s.caps.nodes = x.clamp(64, u32::MAX as u64 - 1);
+                if let Some(x) = sized(&mut s, shown, v, 64, u32::MAX as u64 - 1) {
+                    s.caps.nodes = x;
                 }
             }
             b"HEAPDUMP_MAX_STACKS" => {
-                if let Some(x) = parse_size(v) {
-                    s.caps.stacks = x.clamp(16, u32::MAX as u64 - 2);
-                    s.caps.frames = s.caps.stacks * 24;
+                if let Some(x) = sized(&mut s, shown, v, 16, u32::MAX as u64 - 2) {
+                    s.caps.stacks = x;
+                    s.caps.frames = x * 24;
                 }
             }
             b"HEAPDUMP_MAX_THREADS" => {
-                if let Some(x) = parse_size(v) {
-                    s.caps.threads = x.clamp(2, 1 << 20);
+                if let Some(x) = sized(&mut s, shown, v, 2, 1 << 20) {
+                    s.caps.threads = x;
                 }
             }
-            _ => {}
+            // Read by the `heapdump` command, not the shim.
+            b"HEAPDUMP_LIB" | b"HEAPDUMP_MAX_DEAD_REGIONS" => {}
+            _ if k.starts_with(b"HEAPDUMP_TEST_") => {}
+            _ => s.warn(&[
+                &k[..k.len().min(64)],
+                b" is not a heapdump setting: ignored (see the README's list)",
+            ]),
         }
     }
     // SAFETY: the mapping is ours and no longer referenced (`env` ends here).
     unsafe { unmap(buf, ENV_MAX) };
     s
+}
+
+/// `1`/`true`/`yes` or `0`/`false`/`no`/empty (any case).
+fn flag(v: &[u8]) -> Option<bool> {
+    let is = |w: &[u8]| v.eq_ignore_ascii_case(w);
+    if is(b"1") || is(b"true") || is(b"yes") || is(b"on") {
+        Some(true)
+    } else if v.is_empty() || is(b"0") || is(b"false") || is(b"no") || is(b"off") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// A size setting in `[lo, hi]`: invalid → `None` with a warning, out of range → clamped with
+/// a warning.
+fn sized(s: &mut Settings, shown: &[u8], v: &[u8], lo: u64, hi: u64) -> Option<u64> {
+    let Some(x) = parse_size(v) else {
+        s.warn(&[shown, b" is not a count (e.g. 1M): default kept"]);
+        return None;
+    };
+    let c = x.clamp(lo, hi);
+    if c != x {
+        let mut num = [0u8; 20];
+        s.warn(&[
+            shown,
+            b" is out of range: using ",
+            crate::sys::fmt_u64(c, &mut num),
+        ]);
+    }
+    Some(c)
 }
 
 struct Cursor<'a> {
@@ -144,12 +243,14 @@ pub fn start_ticks() -> u64 {
 
 /// Creates the region for this process; `None` (after a one-line warning) when it cannot.
 pub fn create(settings: &Settings) -> Option<Created> {
-    let dir = &settings.dir;
-    let dir_len = dir.iter().position(|b| *b == 0)?;
-    if !ensure_dir(dir) {
-        warn(b"heapdump: region directory is not a private directory owned by this user; not recording\n");
+    let mut settings = *settings;
+    let mut dir = settings.dir;
+    if !ensure_dir(&mut dir) {
+        warn(b"heapdump: cannot use the region directory (not a directory owned by this user, or its private subdirectory heapdump-UID is not); not recording\n");
         return None;
     }
+    let dir = &dir;
+    let dir_len = dir.iter().position(|b| *b == 0)?;
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let ticks = start_ticks();
@@ -182,8 +283,18 @@ pub fn create(settings: &Settings) -> Option<Created> {
         let avail = vfs.f_bavail as u64 * vfs.f_frsize as u64;
         while plan(&caps).1 > avail / 2 && caps.nodes > 4096 {
             caps.nodes /= 2;
-            caps.stacks = (caps.stacks / 2).max(4096);
+            caps.stacks = (caps.stacks / 2).max(caps.stacks.min(4096));
             caps.frames = caps.stacks * 24;
+        }
+        if caps != settings.caps {
+            let mut num = [0u8; 20];
+            let mut num2 = [0u8; 20];
+            settings.warn(&[
+                b"the region's file system has little free space: allocations table reduced to ",
+                crate::sys::fmt_u64(caps.nodes, &mut num),
+                b" records, stack traces to ",
+                crate::sys::fmt_u64(caps.stacks, &mut num2),
+            ]);
         }
     }
     let size = plan(&caps).1;
@@ -266,6 +377,8 @@ pub fn create(settings: &Settings) -> Option<Created> {
     static BACKINGS: [Backing; 2] = [Backing::new(), Backing::new()];
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     writer.set_backing(&BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2]);
+    // SAFETY: the region is not published yet and only this thread knows the writer.
+    unsafe { writer.set_warnings(settings.warnings()) };
     Some(Created {
         writer,
         path,
@@ -274,27 +387,39 @@ pub fn create(settings: &Settings) -> Option<Created> {
     })
 }
 
-/// Creates the directory 0700 if needed; true if it is a real directory owned by us, private.
-fn ensure_dir(dir: &[u8; 512]) -> bool {
-    let p = dir.as_ptr() as *const libc::c_char;
-    // SAFETY: `dir` is NUL-terminated.
-    unsafe { libc::mkdir(p, 0o700) };
-    // SAFETY: a zeroed stat is valid; lstat does not follow a symlink.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::lstat(p, &mut st) } != 0 {
-        return false;
-    }
+/// Makes `dir` (NUL-terminated) a usable region directory: a real directory owned by this
+/// user that nobody else may enter (mode `& 077 == 0`). It is created 0700 if missing. The
+/// mode of an existing directory is never changed (it may be the user's own, or a shared one
+/// such as `/tmp`): when it is not private, the private subdirectory `heapdump-UID` inside it
+/// is used instead (created 0700, and it must pass the same checks), and `dir` is rewritten to
+/// name it. The collector makes the same choice (`regions::region_dir`). False when neither
+/// can be used.
+fn ensure_dir(dir: &mut [u8; 512]) -> bool {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != uid {
-        return false;
+    let private = |d: &[u8; 512]| -> Option<bool> {
+        let p = d.as_ptr() as *const libc::c_char;
+        // SAFETY: `d` is NUL-terminated.
+        unsafe { libc::mkdir(p, 0o700) };
+        // SAFETY: a zeroed stat is valid; lstat does not follow a symlink.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::lstat(p, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return None;
+        }
+        Some(st.st_uid == uid && st.st_mode & 0o077 == 0)
+    };
+    match private(dir) {
+        None => false,
+        Some(true) => true,
+        Some(false) => {
+            let mut num = [0u8; 20];
+            let mut c = Cursor::new(dir);
+            c.push(b"/heapdump-");
+            c.push(crate::sys::fmt_u64(uid as u64, &mut num));
+            private(dir) == Some(true)
+        }
     }
-    if st.st_mode & 0o077 != 0 {
-        // SAFETY: `dir` is NUL-terminated and is our own directory.
-        return unsafe { libc::chmod(p, 0o700) } == 0;
-    }
-    true
 }
 
 /// Removes regions left by earlier images of this same process (before an `exec`).

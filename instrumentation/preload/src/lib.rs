@@ -45,9 +45,13 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 #[cfg_attr(not(test), no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    // glibc >= 2.33 keeps errno across free (POSIX.1-2024 requires it); so must we, whatever
+    // the recording does.
+    let saved = errno();
     record_free(ptr as *mut u8);
     // SAFETY: forwarding to glibc with the caller's argument.
-    unsafe { __libc_free(ptr) }
+    unsafe { __libc_free(ptr) };
+    set_errno(saved);
 }
 
 /// `calloc(3)`.
@@ -123,7 +127,9 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     p
 }
 
-/// `aligned_alloc(3)`: glibc has no `__libc_aligned_alloc`; built on `__libc_memalign`.
+/// `aligned_alloc(3)`: glibc has no `__libc_aligned_alloc`; built on `__libc_memalign`, which
+/// is what glibc's own `aligned_alloc` is before 2.38: any alignment is accepted (rounded up
+/// to a power of two; 0 means none), as the program would see without the shim.
 ///
 /// # Safety
 /// As `aligned_alloc(3)`.
@@ -131,11 +137,7 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 #[inline(never)]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
-    if !align.is_power_of_two() {
-        set_errno(libc::EINVAL);
-        return std::ptr::null_mut();
-    }
-    // SAFETY: forwarding to glibc with a power-of-two alignment.
+    // SAFETY: forwarding to glibc with the caller's arguments (memalign checks them).
     let p = unsafe { __libc_memalign(align, size) };
     record_alloc(p as *mut u8, size, fp);
     p
@@ -156,12 +158,10 @@ pub unsafe extern "C" fn posix_memalign(
     if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
-    // SAFETY: forwarding to glibc with a valid alignment; errno is preserved below.
-    let saved = errno();
-    // SAFETY: as above.
+    // SAFETY: forwarding to glibc with a valid alignment. On failure errno is left as the
+    // allocator set it (ENOMEM), as glibc's posix_memalign does.
     let p = unsafe { __libc_memalign(align, size) };
     if p.is_null() {
-        set_errno(saved);
         return libc::ENOMEM;
     }
     record_alloc(p as *mut u8, size, fp);
