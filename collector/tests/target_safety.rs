@@ -237,3 +237,31 @@ fn invalid_settings_are_reported() {
     assert_eq!(sum_through(&p, "main")[2], 1110);
     assert_eq!(r.finish(), 0);
 }
+
+/// A2: a signal handler that interrupts the program's malloc/free — and so the shim's
+/// recording — frees 64 blocks and keeps 40 new ones. Every one of those calls is recorded:
+/// exactly 40 live blocks from the handler and none of the 64 it freed.
+#[test]
+fn signal_handler_allocations_are_recorded() {
+    let exe = compile_c("signal_frees", &["-fno-optimize-sibling-calls"]);
+    for unwind in ["dwarf", "fp"] {
+        for round in 0..3 {
+            let dir = region_dir(&format!("signals-{unwind}-{round}"));
+            let mut cmd = Command::new(&exe);
+            cmd.env("HEAPDUMP_UNWIND", unwind);
+            let r = start(cmd, &dir, true);
+            let p = decode(&snapshot(&dir, r.pid(), &[]));
+            let kept = sum_through(&p, "on_alarm");
+            assert_eq!([kept[2], kept[3]], [40, 40 * 333], "{unwind} round {round}");
+            let victims = sum_through(&p, "make_victims");
+            assert_eq!([victims[2], victims[3]], [0, 0], "{unwind} round {round}");
+            // Nothing else is live but stdio's nothing: the loop's blocks were all freed.
+            assert_eq!(
+                p.sample.iter().map(|s| s.value[2]).sum::<i64>(),
+                40,
+                "{unwind} round {round}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}

@@ -31,7 +31,33 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
     }
-    enter(|g, t| insert(g, t, ptr as u64, size as u64, start));
+    if enter(|g, t| insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))).is_none()
+        && state::interrupted_recording()
+    {
+        deferred_alloc(ptr, size, start);
+    }
+}
+
+/// An allocation made by a signal handler that interrupted this thread's recording: its
+/// stack is walked by frame pointers (the thread's CFI cache is in use below us) up to the
+/// signal trampoline, and the block queued for the end of the interrupted operation.
+#[cold]
+fn deferred_alloc(ptr: *mut u8, size: usize, start: Start) {
+    let mut frames = [0u64; MAX_FRAMES];
+    let fp = match start {
+        Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
+    };
+    let hi = state::stack_limit(frames.as_ptr() as usize);
+    let mut n = walk(fp, hi, &mut frames);
+    // End at the signal trampoline (`__restore_rt`): below it are the interrupted frames, the
+    // shim's among them. A trace through CFI ends there too.
+    if let Some(i) = frames[..n]
+        .iter()
+        .position(|&pc| crate::unwind::is_sigreturn(pc))
+    {
+        n = i + 1;
+    }
+    state::defer(ptr as u64, Some(size as u64), &frames[..n], false);
 }
 
 /// Erases the record of `ptr` (ignored when the shim never saw it). Returns the recorded size.
@@ -44,14 +70,54 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return None;
     }
-    enter(|g, t| erase(g, t, ptr as u64)).flatten()
+    match enter(|g, t| erase(g, t, ptr as u64)) {
+        Some(r) => r,
+        None => {
+            if state::interrupted_recording() {
+                state::defer(ptr as u64, None, &[], false);
+            }
+            None
+        }
+    }
+}
+
+/// `free` for callers that can let the shim free the block later: as [`record_free`], but
+/// when a signal handler frees while its thread is recording, the record is closed when the
+/// interrupted operation ends and the block freed only then (through the function given to
+/// [`state::set_real_free`]), so its address is not reused before. Returns true when the
+/// caller must not free `ptr` itself.
+#[inline]
+pub fn record_free_deferrable(ptr: *mut u8) -> bool {
+    if ptr.is_null() {
+        return false;
+    }
+    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
+        return false;
+    }
+    match enter(|g, t| erase(g, t, ptr as u64)) {
+        Some(_) => false,
+        None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
+    }
+}
+
+/// Records an allocation deferred from a signal handler (see [`state::defer`]).
+pub(crate) fn insert_deferred(g: &Global, t: &Tls, addr: u64, size: u64, frames: &[u64]) {
+    insert(g, t, addr, size, |g, t| intern(g, t, frames));
+}
+
+/// Records a free deferred from a signal handler.
+pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64) {
+    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(addr) {
+        return;
+    }
+    erase(g, t, addr);
 }
 
 fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     let mut frames = [0u64; MAX_FRAMES];
     // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
     // a sigaltstack) the end of the memory readable above this frame.
-    let hi = t.stack_hi(frames.as_ptr() as usize);
+    let hi = t.stack_limit(frames.as_ptr() as usize);
     let fp = match start {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };
@@ -67,7 +133,11 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, hi, &mut frames);
-    let frames = &frames[..n];
+    intern(g, t, &frames[..n])
+}
+
+/// The stack id of `frames` (interned in the region if new), `u32::MAX` when not recorded.
+fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
     let h = hash_frames(frames);
     // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard.
     let cache = unsafe { &mut *t.cache.get() };
@@ -84,7 +154,7 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     }
 }
 
-fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
+fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Global, &Tls) -> u32) {
     // The index line and the record this insert will write are likely not in the cache:
     // start loading both now, so the stack walk overlaps the memory latency.
     state::INDEX.prefetch(addr);
@@ -95,7 +165,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, start: Start) {
     if let Some(n) = node {
         g.writer.prefetch_node(n);
     }
-    let stack = stack_id(g, t, start);
+    let stack = stack_of(g, t);
     let w: &RegionWriter = &g.writer;
     let (slot_idx, slot) = acquire_slot(g, t);
     // The index is private to this process: updating it (which may grow a shard) stays out of

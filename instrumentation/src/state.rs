@@ -46,7 +46,39 @@ pub fn nested_calls() -> u64 {
 /// shim's own (its unwinder tables, libc calls at start-up), not the program's, and is not
 /// recorded. A counting inner allocator can use this to keep its tally comparable.
 pub fn inside_shim() -> bool {
-    TLS.with(|t| t.guard.get())
+    TLS.with(|t| t.guard.get() != GUARD_FREE)
+}
+
+/// [`Tls::guard`]: the thread is not inside the shim.
+const GUARD_FREE: u8 = 0;
+/// [`Tls::guard`]: the thread is recording an operation. The recording path calls nothing
+/// that allocates, so an allocator call arriving now comes from a signal handler that
+/// interrupted it: it is queued ([`Deferred`]) and recorded when the operation ends.
+const GUARD_RECORDING: u8 = 1;
+/// [`Tls::guard`]: the shim's own work that may call libc's allocator (start-up, thread
+/// registration, unwinder tables, module refresh, thread exit, fork). Signals are blocked
+/// meanwhile, so every allocator call arriving now is the shim's own: passed through
+/// unrecorded.
+const GUARD_INTERNAL: u8 = 2;
+
+/// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
+/// unrecorded, and signals are blocked so that no handler's allocation is mistaken for one.
+fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
+    // SAFETY: a sigset filled by sigfillset; pthread_sigmask only changes this thread's mask,
+    // restored below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let outer = t.guard.replace(GUARD_INTERNAL);
+    let r = f();
+    t.guard.set(outer);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }
 
 /// Blocks recorded by the calling thread's slot (0 if it has none yet).
@@ -104,7 +136,11 @@ const RING: usize = 2 * BATCH;
 
 /// Per-thread state. Const-initialised, no destructor: usable from inside `malloc` at any time.
 pub struct Tls {
-    guard: Cell<bool>,
+    /// `GUARD_*`: whether the thread is inside the shim, and doing what.
+    guard: Cell<u8>,
+    /// Allocator calls made by signal handlers that interrupted this thread while it was
+    /// recording: null until the first.
+    deferred: Cell<*mut Deferred>,
     /// Slot index + 1; 0 = not registered; `EXITED` = uses the orphan slot.
     slot: Cell<u32>,
     tid: Cell<u32>,
@@ -148,7 +184,8 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     const fn new() -> Self {
         Tls {
-            guard: Cell::new(false),
+            guard: Cell::new(GUARD_FREE),
+            deferred: Cell::new(std::ptr::null_mut()),
             slot: Cell::new(0),
             tid: Cell::new(0),
             stack_lo: Cell::new(0),
@@ -175,7 +212,7 @@ impl Tls {
     /// stack when `sp` lies in it, else (a coroutine stack, a `sigaltstack`) the end of the
     /// readable memory just above `sp`, probed (see [`crate::unwind::readable_above`]); 0 when
     /// unknown (the walks then read nothing beyond the shim's own frame).
-    pub fn stack_hi(&self, sp: usize) -> usize {
+    pub fn stack_limit(&self, sp: usize) -> usize {
         let (lo, hi) = (self.stack_lo.get(), self.stack_hi.get());
         if sp >= lo && sp < hi {
             return hi;
@@ -208,8 +245,8 @@ impl Tls {
         }
         let mut c = self.dwarf_cache.get();
         if c.is_null() {
-            // Allocates once per thread, inside the reentrancy guard (straight to glibc).
-            c = crate::dwarf::new_cache();
+            // Allocates once per thread, as the shim's own work (straight to glibc).
+            c = internal(self, crate::dwarf::new_cache);
             if c.is_null() {
                 return None;
             }
@@ -276,16 +313,183 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
         }
     };
     TLS.with(|t| {
-        if t.guard.replace(true) {
+        if t.guard.get() != GUARD_FREE {
             NESTED.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        t.guard.set(GUARD_RECORDING);
         if t.slot.get() == 0 {
-            register_thread(g, t);
+            internal(t, || register_thread(g, t));
         }
         let r = f(g, t);
-        t.guard.set(false);
+        // Record what signal handlers did meanwhile, until none did since the last look.
+        loop {
+            let d = t.deferred.get();
+            if !d.is_null() {
+                // SAFETY: this thread's queue; handlers only append (see `Deferred`).
+                unsafe { (*d).drain(g, t) };
+            }
+            t.guard.set(GUARD_FREE);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            // SAFETY: as above.
+            if d.is_null() || unsafe { (*d).is_empty() } {
+                break;
+            }
+            t.guard.set(GUARD_RECORDING);
+        }
         Some(r)
+    })
+}
+
+/// [`Tls::stack_limit`] of the calling thread.
+pub fn stack_limit(sp: usize) -> usize {
+    TLS.with(|t| t.stack_limit(sp))
+}
+
+/// Whether the calling thread is a signal handler that interrupted this thread's recording:
+/// its allocator call must be deferred ([`defer`]).
+#[inline]
+pub fn interrupted_recording() -> bool {
+    TLS.with(|t| t.guard.get() == GUARD_RECORDING)
+}
+
+/// The function that really frees a block whose free was deferred (`__libc_free` for
+/// `libheapdump.so`); 0 when frees are never deferred, only their records.
+static REAL_FREE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Registers the function that frees blocks for real (see [`defer`]). With it, a free made by
+/// a signal handler while its thread is recording is held back until the record is closed,
+/// so the address cannot be handed out again before.
+pub fn set_real_free(f: unsafe extern "C" fn(*mut libc::c_void)) {
+    REAL_FREE.store(f as usize, Ordering::Relaxed);
+}
+
+/// One allocator call deferred from a signal handler.
+#[derive(Clone, Copy)]
+struct Op {
+    /// Block address.
+    ptr: u64,
+    /// Requested size; `FREE_OP` for a free, `FREE_HELD` for a free whose block the drain
+    /// frees for real.
+    size: u64,
+    depth: u64,
+    frames: [u64; DEFERRED_FRAMES],
+}
+const FREE_OP: u64 = u64::MAX;
+const FREE_HELD: u64 = u64::MAX - 1;
+/// Frames kept for an allocation made by a signal handler (its own frames, up to the signal
+/// trampoline).
+const DEFERRED_FRAMES: usize = 16;
+/// Allocator calls a thread's signal handlers may make during one recorded operation.
+const DEFERRED_CAP: usize = 1024;
+
+/// A thread's queue of allocator calls made by signal handlers that interrupted its
+/// recording (LeakSanitizer and heaptrack lose these; so did we). Appended only by handlers
+/// on the owning thread (a handler can itself be interrupted by another, so the slot is
+/// reserved with one atomic add), drained by the owning thread when the interrupted
+/// operation ends — every append is complete by then, as a handler finishes before the code
+/// it interrupted goes on. In an anonymous mapping made at the first deferral (about
+/// 150 KiB of address space, touched as used), released at thread exit.
+struct Deferred {
+    head: AtomicU64,
+    tail: AtomicU64,
+    /// Calls that did not fit (allocations then go unrecorded; frees are done at once and
+    /// their records stay open).
+    lost: AtomicU64,
+    ops: [Op; DEFERRED_CAP],
+}
+
+impl Deferred {
+    fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed) == self.tail.load(Ordering::Relaxed)
+    }
+
+    /// Appends `op`; false when full.
+    fn push(&self, op: &Op) -> bool {
+        let i = self.tail.load(Ordering::Relaxed);
+        if i - self.head.load(Ordering::Relaxed) >= DEFERRED_CAP as u64 {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // Reserve the slot first: a handler interrupting this one appends after it.
+        let i = self.tail.fetch_add(1, Ordering::Relaxed);
+        let slot = &self.ops[i as usize % DEFERRED_CAP] as *const Op as *mut Op;
+        // SAFETY: the slot was reserved by this call alone; the drain reads it only after
+        // this handler has returned.
+        unsafe { slot.write(*op) };
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        true
+    }
+
+    /// Records every queued call (oldest first), including those handlers add meanwhile.
+    fn drain(&self, g: &'static Global, t: &Tls) {
+        loop {
+            let h = self.head.load(Ordering::Relaxed);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            if h == self.tail.load(Ordering::Relaxed) {
+                break;
+            }
+            let op = self.ops[h as usize % DEFERRED_CAP];
+            self.head.store(h + 1, Ordering::Relaxed);
+            if op.size == FREE_OP || op.size == FREE_HELD {
+                crate::hooks::erase_deferred(g, t, op.ptr);
+                let f = REAL_FREE.load(Ordering::Relaxed);
+                if op.size == FREE_HELD && f != 0 {
+                    // SAFETY: `f` was registered by set_real_free with this signature; the
+                    // block was the program's and its free was held back for this.
+                    unsafe {
+                        std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::c_void)>(f)(
+                            op.ptr as *mut libc::c_void,
+                        )
+                    };
+                }
+            } else {
+                let n = (op.depth as usize).min(DEFERRED_FRAMES);
+                crate::hooks::insert_deferred(g, t, op.ptr, op.size, &op.frames[..n]);
+            }
+        }
+        let lost = self.lost.swap(0, Ordering::Relaxed);
+        if lost != 0 {
+            let (slot_idx, slot) = acquire_slot(g, t);
+            slot.dropped.store(
+                slot.dropped.load(Ordering::Relaxed) + lost,
+                Ordering::Relaxed,
+            );
+            release_slot(slot_idx);
+        }
+    }
+}
+
+/// From a signal handler that interrupted this thread's recording: queues an allocation
+/// (`frames` its stack) or a free (`size == None`) to be recorded when the interrupted
+/// operation ends. For a free, returns true when the caller must not free the block: the
+/// drain will, after closing its record (only with [`set_real_free`]).
+pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> bool {
+    TLS.with(|t| {
+        let mut d = t.deferred.get();
+        if d.is_null() {
+            d = map_anon(std::mem::size_of::<Deferred>()) as *mut Deferred;
+            if d.is_null() {
+                return false;
+            }
+            t.deferred.set(d);
+        }
+        let hold = may_hold && size.is_none() && REAL_FREE.load(Ordering::Relaxed) != 0;
+        let mut op = Op {
+            ptr,
+            size: match size {
+                Some(s) => s.min(FREE_HELD - 1),
+                None if hold => FREE_HELD,
+                None => FREE_OP,
+            },
+            depth: frames.len().min(DEFERRED_FRAMES) as u64,
+            frames: [0; DEFERRED_FRAMES],
+        };
+        let n = op.depth as usize;
+        op.frames[..n].copy_from_slice(&frames[..n]);
+        // SAFETY: a zero-filled mapping is a valid, empty queue; only this thread uses it.
+        let ok = unsafe { (*d).push(&op) };
+        ok && hold
     })
 }
 
@@ -299,18 +503,18 @@ pub fn init() {
         return;
     }
     TLS.with(|t| {
-        let outer = t.guard.replace(true);
-        let ok = init_locked();
-        STATE.store(if ok { READY } else { DISABLED }, Ordering::Release);
-        if ok {
-            // SAFETY: registering process-exit and fork handlers; these may allocate, which the
-            // guard routes straight to glibc.
-            unsafe {
-                libc::atexit(on_exit);
-                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        internal(t, || {
+            let ok = init_locked();
+            STATE.store(if ok { READY } else { DISABLED }, Ordering::Release);
+            if ok {
+                // SAFETY: registering process-exit and fork handlers; these may allocate,
+                // which the guard routes straight to glibc.
+                unsafe {
+                    libc::atexit(on_exit);
+                    libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+                }
             }
-        }
-        t.guard.set(outer);
+        })
     });
 }
 
@@ -363,13 +567,13 @@ fn init_locked() -> bool {
 pub fn refresh_modules() {
     if let Some(g) = global() {
         TLS.with(|t| {
-            let outer = t.guard.replace(true);
-            crate::modules::refresh(&g.writer, &g.exe[..g.exe_len]);
-            #[cfg(target_arch = "x86_64")]
-            if DWARF.load(Ordering::Relaxed) {
-                crate::dwarf::rebuild();
-            }
-            t.guard.set(outer);
+            internal(t, || {
+                crate::modules::refresh(&g.writer, &g.exe[..g.exe_len]);
+                #[cfg(target_arch = "x86_64")]
+                if DWARF.load(Ordering::Relaxed) {
+                    crate::dwarf::rebuild();
+                }
+            })
         });
     }
 }
@@ -410,8 +614,14 @@ fn register_thread(g: &Global, t: &Tls) {
 unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
     let Some(g) = global() else { return };
     TLS.with(|t| {
-        let outer = t.guard.replace(true);
+        let outer = t.guard.replace(GUARD_INTERNAL);
         flush_nodes(g, t);
+        let d = t.deferred.replace(std::ptr::null_mut());
+        if !d.is_null() {
+            // SAFETY: this thread's queue, empty (drained at the end of every operation) and
+            // no longer reachable from its thread state.
+            unsafe { crate::sys::unmap(d as *mut u8, std::mem::size_of::<Deferred>()) };
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let c = t.dwarf_cache.replace(std::ptr::null_mut());
@@ -486,11 +696,11 @@ extern "C" fn fork_child() {
     INDEX.unlock_all();
     let lease = FORK_LEASE.load(Ordering::Relaxed);
     TLS.with(|t| {
-        let outer = t.guard.replace(true);
-        if !child_region(g, t, lease) {
-            STATE.store(DISABLED, Ordering::Release);
-        }
-        t.guard.set(outer);
+        internal(t, || {
+            if !child_region(g, t, lease) {
+                STATE.store(DISABLED, Ordering::Release);
+            }
+        })
     });
 }
 

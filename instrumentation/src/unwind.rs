@@ -154,6 +154,45 @@ pub fn current_stack_bounds(is_main: bool) -> (usize, usize) {
     }
 }
 
+/// Whether `pc` is the start of the kernel's signal-return trampoline (glibc's `__restore_rt`
+/// on x86-64: `mov $15, %rax; syscall`), i.e. the return address of a signal handler's frame.
+/// The code is read through the kernel ([`read_checked`]): `pc` may come from a frame-pointer
+/// walk through garbage.
+pub fn is_sigreturn(pc: u64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const RT_SIGRETURN: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+        let mut code = [0u8; 9];
+        pc >= 4096 && read_checked(pc as usize, &mut code) && code == RT_SIGRETURN
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = pc;
+        false
+    }
+}
+
+/// Copies `buf.len()` bytes at `addr` of this process into `buf` through the kernel
+/// (`process_vm_readv`), which reports an unreadable address instead of faulting. False when
+/// not all of it could be read. Allocates nothing; keeps errno.
+pub fn read_checked(addr: usize, buf: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, writable; the kernel checks `remote`. errno is restored.
+    unsafe {
+        let saved = *libc::__errno_location();
+        let n = libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0);
+        *libc::__errno_location() = saved;
+        n == buf.len() as isize
+    }
+}
+
 /// Pages above the stack pointer probed on a stack that is not the thread's own.
 const PROBE_PAGES: usize = 16;
 /// Scratch the kernel copies probed pages into; never read.

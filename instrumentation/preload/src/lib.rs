@@ -10,7 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use heapdump_instrumentation::frame_pointer;
-use heapdump_instrumentation::hooks::{record_alloc, record_free};
+use heapdump_instrumentation::hooks::{record_alloc, record_free, record_free_deferrable};
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -48,9 +48,12 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // glibc >= 2.33 keeps errno across free (POSIX.1-2024 requires it); so must we, whatever
     // the recording does.
     let saved = errno();
-    record_free(ptr as *mut u8);
-    // SAFETY: forwarding to glibc with the caller's argument.
-    unsafe { __libc_free(ptr) };
+    // A signal handler that interrupted this thread's recording: the shim frees the block
+    // when the interrupted operation ends, after closing its record.
+    if !record_free_deferrable(ptr as *mut u8) {
+        // SAFETY: forwarding to glibc with the caller's argument.
+        unsafe { __libc_free(ptr) };
+    }
     set_errno(saved);
 }
 
@@ -309,6 +312,7 @@ fn set_errno(v: c_int) {
 }
 
 extern "C" fn constructor() {
+    heapdump_instrumentation::state::set_real_free(__libc_free);
     heapdump_instrumentation::init();
     heapdump_instrumentation::refresh_modules();
 }
