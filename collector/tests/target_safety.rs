@@ -265,3 +265,31 @@ fn signal_handler_allocations_are_recorded() {
         }
     }
 }
+
+/// A4: a child made by the raw fork system call shares the parent's region mapping but runs
+/// no fork handlers. Its frees of the parent's 1000 blocks must not reach the parent's
+/// region; `heapdump list` says a child went unrecorded.
+#[test]
+fn raw_fork_child_leaves_the_parent_region_intact() {
+    let exe = compile_c("raw_fork", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("rawfork");
+    let r = start(Command::new(&exe), &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    let v = sum_through(&p, "parent_alloc");
+    assert_eq!([v[2], v[3]], [1000, 48_000]);
+    assert_eq!(p.sample.iter().map(|s| s.value[2]).sum::<i64>(), 1000);
+    let list = list_json(&dir);
+    let mine: Vec<_> = list
+        .iter()
+        .filter(|e| e["pid"].as_u64() == Some(r.pid() as u64))
+        .collect();
+    assert_eq!(mine.len(), 1, "{list:?}");
+    assert!(
+        mine[0]["recording_stopped"].as_array().unwrap()[0]
+            .as_str()
+            .unwrap()
+            .contains("raw clone/fork"),
+        "{list:?}"
+    );
+    assert_eq!(r.finish(), 0);
+}

@@ -17,6 +17,7 @@ fn record_modules_once() {
     if !MODULES_RECORDED.load(Ordering::Relaxed) && crate::state::global().is_some() {
         MODULES_RECORDED.store(true, Ordering::Relaxed);
         crate::state::refresh_modules();
+        crate::state::register_fork_handlers();
     }
 }
 

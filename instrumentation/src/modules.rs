@@ -58,8 +58,26 @@ unsafe extern "C" fn callback(
     let (ctx, info) = unsafe { (&mut *(data as *mut Ctx), &*info) };
     // SAFETY: dlpi_name is a NUL-terminated string (possibly empty) owned by the loader.
     let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
-    let path: &[u8] = if name.is_empty() { ctx.exe_path } else { name };
     let base = info.dlpi_addr;
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers of a loaded object.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    // The loader keeps a path given to dlopen with a slash as it was given ("./libplug.so"):
+    // relative to the working directory of that moment, useless to a collector. Such objects
+    // are named by the file the kernel says is mapped at their first segment.
+    let mut resolved = [0u8; MODULE_PATH_BYTES];
+    let path: &[u8] = if name.is_empty() {
+        ctx.exe_path
+    } else if name.starts_with(b"/") {
+        name
+    } else {
+        match phdrs.iter().find(|p| p.p_type == libc::PT_LOAD) {
+            Some(p) => match mapped_path(base.wrapping_add(p.p_vaddr), &mut resolved) {
+                0 => name,
+                k => &resolved[..k],
+            },
+            None => name,
+        }
+    };
     let n = (ctx.count.load(Ordering::Relaxed) as usize).min(ctx.table.len());
     for i in 0..n {
         let m = &ctx.table[i];
@@ -84,8 +102,6 @@ unsafe extern "C" fn callback(
     m.path_len = plen as u16;
     m.segment_count = 0;
     m.build_id_len = 0;
-    // SAFETY: dlpi_phdr points to dlpi_phnum program headers of a loaded object.
-    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     for ph in phdrs {
         if ph.p_type == libc::PT_LOAD && (m.segment_count as usize) < MAX_SEGMENTS {
             m.segments[m.segment_count as usize] = SegmentV1 {
@@ -114,6 +130,105 @@ unsafe extern "C" fn callback(
     0
 }
 
+/// Writes into `out` the path of the file mapped at `addr`, as `/proc/self/maps` shows it
+/// (absolute, symbolic links resolved); returns its length, 0 when no file is mapped there or
+/// the path does not fit. Reads with raw system calls into a stack buffer: no allocation.
+fn mapped_path(addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> usize {
+    // SAFETY: a NUL-terminated path; open has no other preconditions.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return 0;
+    }
+    let mut buf = [0u8; 8192];
+    let (mut len, mut found, mut skipping) = (0usize, 0usize, false);
+    loop {
+        // SAFETY: the destination range lies within `buf`.
+        let r = unsafe {
+            libc::read(
+                fd,
+                buf[len..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - len,
+            )
+        };
+        let eof = r <= 0;
+        if !eof {
+            len += r as usize;
+        }
+        let mut start = 0;
+        while let Some(nl) = buf[start..len].iter().position(|&c| c == b'\n') {
+            if !skipping {
+                found = maps_line_path(&buf[start..start + nl], addr, out);
+            }
+            skipping = false;
+            start += nl + 1;
+            if found > 0 {
+                break;
+            }
+        }
+        if found > 0 {
+            break;
+        }
+        if eof {
+            if start < len && !skipping {
+                found = maps_line_path(&buf[start..len], addr, out);
+            }
+            break;
+        }
+        buf.copy_within(start..len, 0);
+        len -= start;
+        if len == buf.len() {
+            // A line longer than the buffer (a path near PATH_MAX): not one we can store.
+            len = 0;
+            skipping = true;
+        }
+    }
+    // SAFETY: fd is an open descriptor we own.
+    unsafe { libc::close(fd) };
+    found
+}
+
+/// If the `/proc/PID/maps` line `line` ("lo-hi perms offset dev inode path") covers `addr` and
+/// names an absolute path that fits, copies the path to `out` and returns its length; else 0.
+fn maps_line_path(line: &[u8], addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> usize {
+    let hex = |s: &[u8]| -> Option<u64> {
+        let mut v: u64 = 0;
+        for &c in s {
+            let d = (c as char).to_digit(16)? as u64;
+            v = v.checked_mul(16)?.checked_add(d)?;
+        }
+        (!s.is_empty()).then_some(v)
+    };
+    let Some(dash) = line.iter().position(|&c| c == b'-') else {
+        return 0;
+    };
+    let Some(sp) = line.iter().position(|&c| c == b' ') else {
+        return 0;
+    };
+    let (Some(lo), Some(hi)) = (
+        hex(&line[..dash]),
+        hex(line.get(dash + 1..sp).unwrap_or(&[])),
+    ) else {
+        return 0;
+    };
+    if addr < lo || addr >= hi {
+        return 0;
+    }
+    let Some(slash) = line.iter().position(|&c| c == b'/') else {
+        return 0;
+    };
+    let path = &line[slash..];
+    if path.len() > out.len() {
+        return 0;
+    }
+    out[..path.len()].copy_from_slice(path);
+    path.len()
+}
+
 /// Finds the NT_GNU_BUILD_ID descriptor in an ELF note segment.
 pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     let align4 = |x: usize| (x + 3) & !3;
@@ -133,4 +248,15 @@ pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
         notes = &notes[align4(desc_end).min(notes.len())..];
     }
     None
+}
+
+/// Takes the module-table lock across `fork` (see `state::fork_prepare`): a fork racing a
+/// refresh would leave the child's copy locked forever.
+pub(crate) fn lock_for_fork() {
+    LOCK.lock();
+}
+
+/// Releases what [`lock_for_fork`] took (in the parent, and in the child).
+pub(crate) fn unlock_after_fork() {
+    LOCK.unlock();
 }

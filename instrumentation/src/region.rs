@@ -390,14 +390,16 @@ pub fn create(settings: &Settings) -> Option<Created> {
 /// Makes `dir` (NUL-terminated) a usable region directory: a real directory owned by this
 /// user that nobody else may enter (mode `& 077 == 0`). It is created 0700 if missing. The
 /// mode of an existing directory is never changed (it may be the user's own, or a shared one
-/// such as `/tmp`): when it is not private, the private subdirectory `heapdump-UID` inside it
-/// is used instead (created 0700, and it must pass the same checks), and `dir` is rewritten to
-/// name it. The collector makes the same choice (`regions::region_dir`). False when neither
+/// such as `/tmp`): when it is not private but is this user's own or a sticky directory of
+/// root's (where nobody else can rename what we create), the private subdirectory
+/// `heapdump-UID` inside it is used instead (created 0700, and it must pass the same checks),
+/// and `dir` is rewritten to name it. A directory of another user's is refused. The collector makes the same choice (`regions::region_dir`). False when neither
 /// can be used.
 fn ensure_dir(dir: &mut [u8; 512]) -> bool {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let private = |d: &[u8; 512]| -> Option<bool> {
+    // (private to us, may hold a subdirectory of ours safely)
+    let check = |d: &[u8; 512]| -> Option<(bool, bool)> {
         let p = d.as_ptr() as *const libc::c_char;
         // SAFETY: `d` is NUL-terminated.
         unsafe { libc::mkdir(p, 0o700) };
@@ -407,17 +409,21 @@ fn ensure_dir(dir: &mut [u8; 512]) -> bool {
         if unsafe { libc::lstat(p, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return None;
         }
-        Some(st.st_uid == uid && st.st_mode & 0o077 == 0)
+        let ours = st.st_uid == uid;
+        // Nobody else can rename or remove what we create in it: it is ours, or it is a
+        // sticky directory of root's (such as /tmp).
+        let safe_parent = ours || (st.st_uid == 0 && st.st_mode & libc::S_ISVTX != 0);
+        Some((ours && st.st_mode & 0o077 == 0, safe_parent))
     };
-    match private(dir) {
-        None => false,
-        Some(true) => true,
-        Some(false) => {
+    match check(dir) {
+        None | Some((false, false)) => false,
+        Some((true, _)) => true,
+        Some((false, true)) => {
             let mut num = [0u8; 20];
             let mut c = Cursor::new(dir);
             c.push(b"/heapdump-");
             c.push(crate::sys::fmt_u64(uid as u64, &mut num));
-            private(dir) == Some(true)
+            matches!(check(dir), Some((true, _)))
         }
     }
 }

@@ -317,6 +317,12 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
             NESTED.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        // After the guard: the shim's own allocations in a forked child, before its fork
+        // handler has moved it to a region of its own, are not the program's.
+        if !same_process() {
+            foreign_child(g);
+            return None;
+        }
         t.guard.set(GUARD_RECORDING);
         if t.slot.get() == 0 {
             internal(t, || register_thread(g, t));
@@ -344,6 +350,58 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
 /// [`Tls::stack_limit`] of the calling thread.
 pub fn stack_limit(sp: usize) -> usize {
     TLS.with(|t| t.stack_limit(sp))
+}
+
+/// A word in a private page that the kernel zeroes in a child at any `fork` (also a raw
+/// `clone`/`fork` system call, which runs no fork handlers): `MADV_WIPEONFORK`. Nonzero in
+/// the process that owns the current region.
+static PROCESS_TOKEN: std::sync::atomic::AtomicPtr<u64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Whether this process is the one that owns the region (not a child made by a raw fork
+/// system call, which shares the parent's `MAP_SHARED` region and must not write to it). One
+/// load of a word that is rarely out of the cache.
+#[inline]
+fn same_process() -> bool {
+    let p = PROCESS_TOKEN.load(Ordering::Relaxed);
+    // SAFETY: set once to a page that is never unmapped.
+    p.is_null() || unsafe { p.read_volatile() } != 0
+}
+
+/// Makes the token page (at start-up) and marks this process as the region's owner.
+fn set_process_token() {
+    let mut p = PROCESS_TOKEN.load(Ordering::Relaxed);
+    if p.is_null() {
+        p = map_anon(4096) as *mut u64;
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: our own fresh page. Without MADV_WIPEONFORK (Linux < 4.14) the page is not
+        // wiped and a raw-fork child is not detected, as before.
+        if unsafe { libc::madvise(p as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) } != 0 {
+            // SAFETY: as above.
+            unsafe { crate::sys::unmap(p as *mut u8, 4096) };
+            return;
+        }
+        PROCESS_TOKEN.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: the page is ours and mapped.
+    unsafe { p.write_volatile(1) };
+}
+
+/// In a child made by a raw fork system call: stop recording here (the region is the
+/// parent's, and the locks the child inherited may be held by threads that do not exist in
+/// it). Nothing of the child is written to the parent's region but a flag, so that
+/// `heapdump list` says a child went unrecorded.
+#[cold]
+fn foreign_child(g: &Global) {
+    if STATE
+        .compare_exchange(READY, DISABLED, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        g.writer
+            .raise_recording_flag(vmo_layout::v1::RECORDING_FOREIGN_WRITER);
+    }
 }
 
 /// Whether the calling thread is a signal handler that interrupted this thread's recording:
@@ -507,12 +565,9 @@ pub fn init() {
             let ok = init_locked();
             STATE.store(if ok { READY } else { DISABLED }, Ordering::Release);
             if ok {
-                // SAFETY: registering process-exit and fork handlers; these may allocate,
-                // which the guard routes straight to glibc.
-                unsafe {
-                    libc::atexit(on_exit);
-                    libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-                }
+                // SAFETY: registering the process-exit handler; may allocate, which the guard
+                // routes straight to glibc. Fork handlers: see register_fork_handlers.
+                unsafe { libc::atexit(on_exit) };
             }
         })
     });
@@ -559,7 +614,28 @@ fn init_locked() -> bool {
         });
     }
     w.set_state(STATE_READY);
+    set_process_token();
     true
+}
+
+/// Registers the shim's fork handlers, once. Called by the preload constructor (and at
+/// start-up for `HeapdumpAlloc`), never from inside `malloc`: `pthread_atfork` allocates while
+/// holding its own lock, so registering from a `malloc` that `pthread_atfork` itself made
+/// would deadlock.
+pub fn register_fork_handlers() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    TLS.with(|t| {
+        internal(t, || {
+            // SAFETY: registering handlers of the right signature; may allocate (the guard
+            // routes that to glibc).
+            unsafe {
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child))
+            };
+        })
+    });
 }
 
 /// Refreshes the module table (call where the loader lock is not held: a constructor, after
@@ -660,6 +736,10 @@ pub fn exit_cleanup() {
     }
 }
 
+/// Whether `fork_prepare` took the locks (what `fork_parent`/`fork_child` release, whatever
+/// the state is by then).
+static FORK_LOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn fork_prepare() {
     if let Some(g) = global() {
         // Protect the nodes live at the fork from being recycled while the child copies them.
@@ -672,28 +752,45 @@ extern "C" fn fork_prepare() {
         } else {
             FORK_LEASE.store(0, Ordering::Relaxed);
         }
-        // Same order as the recording paths: orphan slot, then index shards, then free list.
+        // The module table's lock first (its holder calls the loader, never the others),
+        // then the recording paths' order: orphan slot, index shards, free list.
+        crate::modules::lock_for_fork();
         ORPHAN.lock();
         INDEX.lock_all();
         g.free.lock.lock();
+        FORK_LOCKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Releases what `fork_prepare` took.
+fn fork_unlock(g: &Global) {
+    if FORK_LOCKED.swap(false, Ordering::Relaxed) {
+        ORPHAN.unlock();
+        g.free.lock.unlock();
+        INDEX.unlock_all();
+        crate::modules::unlock_after_fork();
     }
 }
 
 extern "C" fn fork_parent() {
-    if let Some(g) = global() {
-        ORPHAN.unlock();
-        g.free.lock.unlock();
-        INDEX.unlock_all();
+    // SAFETY: GLOBAL was written before FORK_LOCKED could be set (READY was observed).
+    if FORK_LOCKED.load(Ordering::Relaxed) {
+        fork_unlock(unsafe { (*GLOBAL.0.get()).assume_init_ref() });
     }
 }
 
 /// In the child: the region is shared with the parent, so the child moves to a region of its
 /// own holding the blocks it inherited (those live at the fork), then goes on recording there.
 extern "C" fn fork_child() {
-    let Some(g) = global() else { return };
-    ORPHAN.unlock();
-    g.free.lock.unlock();
-    INDEX.unlock_all();
+    if !FORK_LOCKED.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: GLOBAL was written before FORK_LOCKED could be set.
+    let g = unsafe { (*GLOBAL.0.get()).assume_init_ref() };
+    fork_unlock(g);
+    if global().is_none() {
+        return;
+    }
     let lease = FORK_LEASE.load(Ordering::Relaxed);
     TLS.with(|t| {
         internal(t, || {
@@ -752,6 +849,7 @@ fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     t.slot.set(0); // registers again, in the new region, at the next operation
     t.tid.set(gettid());
     w.set_state(STATE_READY);
+    set_process_token();
     true
 }
 

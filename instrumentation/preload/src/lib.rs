@@ -314,6 +314,7 @@ fn set_errno(v: c_int) {
 extern "C" fn constructor() {
     heapdump_instrumentation::state::set_real_free(__libc_free);
     heapdump_instrumentation::init();
+    heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();
 }
 
