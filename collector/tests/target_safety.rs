@@ -293,3 +293,40 @@ fn raw_fork_child_leaves_the_parent_region_intact() {
     );
     assert_eq!(r.finish(), 0);
 }
+
+/// A3: a library opened with `RTLD_DEEPBIND` binds malloc/free to glibc's ahead of the
+/// preload. Both directions must be exact: blocks main allocates and the library frees are
+/// gone, blocks the library allocates and main frees are gone, the rest are there.
+#[test]
+fn deepbind_library_allocations_are_exact() {
+    let lib = target_dir().join("test-bins/libdeep.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer"])
+        .arg("-fno-optimize-sibling-calls")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(root().join("examples/c/deeplib.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::rename(&tmp, &lib).unwrap();
+    let exe = compile_c("deepbind", &["-ldl", "-fno-optimize-sibling-calls"]);
+    for unwind in ["dwarf", "fp"] {
+        let dir = region_dir(&format!("deepbind-{unwind}"));
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&lib).env("HEAPDUMP_UNWIND", unwind);
+        let r = start(cmd, &dir, true);
+        let p = decode(&snapshot(&dir, r.pid(), &[]));
+        let m = sum_through(&p, "main_alloc");
+        assert_eq!([m[2], m[3]], [50, 50 * 55], "{unwind}: main's blocks");
+        let l = sum_through(&p, "lib_alloc");
+        assert_eq!(
+            [l[2], l[3]],
+            [70, 70 * 77],
+            "{unwind}: the library's blocks"
+        );
+        assert_eq!(r.finish(), 0);
+    }
+}

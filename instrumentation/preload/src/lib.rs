@@ -14,6 +14,8 @@ use heapdump_instrumentation::hooks::{record_alloc, record_free, record_free_def
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod got;
+
 extern "C" {
     fn __libc_malloc(size: size_t) -> *mut c_void;
     fn __libc_free(ptr: *mut c_void);
@@ -247,9 +249,82 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
         )
     };
     if !h.is_null() {
+        if mode & libc::RTLD_DEEPBIND != 0 {
+            rebind_deepbound();
+        }
         heapdump_instrumentation::refresh_modules();
     }
     h
+}
+
+/// After a `dlopen(…, RTLD_DEEPBIND)`: the new library (and its dependencies) bound the
+/// allocation functions to glibc's; point them at ours (see [`got`]).
+fn rebind_deepbound() {
+    // SAFETY: dlopen of an already loaded library with RTLD_NOLOAD only returns its handle.
+    let libc_h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if libc_h.is_null() {
+        return;
+    }
+    let glibc = |name: &std::ffi::CStr| -> usize {
+        // SAFETY: a valid handle and a NUL-terminated name.
+        unsafe { libc::dlsym(libc_h, name.as_ptr()) as usize }
+    };
+    let table = [
+        got::Rebind {
+            name: b"malloc",
+            libc: glibc(c"malloc"),
+            ours: malloc as *const () as usize,
+        },
+        got::Rebind {
+            name: b"free",
+            libc: glibc(c"free"),
+            ours: free as *const () as usize,
+        },
+        got::Rebind {
+            name: b"calloc",
+            libc: glibc(c"calloc"),
+            ours: calloc as *const () as usize,
+        },
+        got::Rebind {
+            name: b"realloc",
+            libc: glibc(c"realloc"),
+            ours: realloc as *const () as usize,
+        },
+        got::Rebind {
+            name: b"reallocarray",
+            libc: glibc(c"reallocarray"),
+            ours: reallocarray as *const () as usize,
+        },
+        got::Rebind {
+            name: b"posix_memalign",
+            libc: glibc(c"posix_memalign"),
+            ours: posix_memalign as *const () as usize,
+        },
+        got::Rebind {
+            name: b"aligned_alloc",
+            libc: glibc(c"aligned_alloc"),
+            ours: aligned_alloc as *const () as usize,
+        },
+        got::Rebind {
+            name: b"memalign",
+            libc: glibc(c"memalign"),
+            ours: memalign as *const () as usize,
+        },
+        got::Rebind {
+            name: b"valloc",
+            libc: glibc(c"valloc"),
+            ours: valloc as *const () as usize,
+        },
+        got::Rebind {
+            name: b"pvalloc",
+            libc: glibc(c"pvalloc"),
+            ours: pvalloc as *const () as usize,
+        },
+    ];
+    // SAFETY: the handle came from dlopen above.
+    unsafe { libc::dlclose(libc_h) };
+    let table: Vec<got::Rebind> = table.into_iter().filter(|r| r.libc != 0).collect();
+    got::rebind_all(&table);
 }
 
 /// `dlclose(3)`, then a refresh of the module table.

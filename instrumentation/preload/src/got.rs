@@ -1,0 +1,208 @@
+//! Rebinding the allocation functions of libraries opened with `RTLD_DEEPBIND`.
+//!
+//! `dlopen(path, RTLD_DEEPBIND)` puts the library's own lookup scope (itself and its
+//! dependencies, libc among them) ahead of the global one, so its references to `malloc`,
+//! `free`, … bind to glibc's definitions instead of ours: blocks it frees would stay "live" in
+//! the profile, blocks it allocates would be missing. After such a `dlopen` every loaded
+//! object's GOT slots (`R_X86_64_JUMP_SLOT` and `R_X86_64_GLOB_DAT` relocations) for those
+//! functions that hold glibc's own definition are pointed at ours, as heaptrack's injection
+//! does. Slots bound anywhere else (another allocator, our functions already) are left alone.
+//!
+//! Runs in the `dlopen` hook, where the loader lock is not held and allocating is allowed.
+//! Sources: the ELF gABI (dynamic section, `Elf64_Rela`, `Elf64_Sym`) and the x86-64 psABI
+//! relocation types.
+
+use libc::{c_char, c_int, c_void, size_t};
+
+/// One function to rebind: its name, glibc's definition, ours.
+#[derive(Debug, Clone, Copy)]
+pub struct Rebind {
+    /// Symbol name.
+    pub name: &'static [u8],
+    /// glibc's definition (the value a slot bound to glibc holds).
+    pub libc: usize,
+    /// Our definition.
+    pub ours: usize,
+}
+
+/// `Elf64_Dyn` (gABI): a tag and a value (the `libc` crate does not define it).
+#[repr(C)]
+struct Elf64Dyn {
+    d_tag: i64,
+    d_un: u64,
+}
+
+const R_X86_64_GLOB_DAT: u32 = 6;
+const R_X86_64_JUMP_SLOT: u32 = 7;
+
+struct Ctx<'a> {
+    table: &'a [Rebind],
+    /// Load bias of libheapdump.so itself (skipped).
+    own_base: usize,
+    rebound: usize,
+}
+
+/// Points every loaded object's GOT slots that hold one of `table`'s glibc definitions at our
+/// definition instead. Skips `libheapdump.so`, libc and the dynamic loader. Returns how many
+/// slots were changed.
+pub fn rebind_all(table: &[Rebind]) -> usize {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr fills `info` for an address inside this library.
+    unsafe { libc::dladdr(rebind_all as *const () as *const c_void, &mut info) };
+    let mut ctx = Ctx {
+        table,
+        own_base: info.dli_fbase as usize,
+        rebound: 0,
+    };
+    // SAFETY: the callback has the right signature and receives our context.
+    unsafe { libc::dl_iterate_phdr(Some(callback), &mut ctx as *mut Ctx as *mut c_void) };
+    ctx.rebound
+}
+
+fn unsafe_zeroed<T>() -> T {
+    // SAFETY: only used for plain C structs (Dl_info) for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+unsafe extern "C" fn callback(
+    info: *mut libc::dl_phdr_info,
+    _size: size_t,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: dl_iterate_phdr passes our context and a valid info for this call.
+    let (ctx, info) = unsafe { (&mut *(data as *mut Ctx), &*info) };
+    let base = info.dlpi_addr as usize;
+    // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+    let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+    if (base == ctx.own_base && base != 0)
+        || file.starts_with(b"libc.so")
+        || file.starts_with(b"ld-linux")
+        || file.starts_with(b"linux-vdso")
+    {
+        return 0;
+    }
+    // SAFETY: dlpi_phdr points to dlpi_phnum program headers of a loaded object.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let mut dynamic = 0usize;
+    let mut relro = (0usize, 0usize);
+    for ph in phdrs {
+        match ph.p_type {
+            libc::PT_DYNAMIC => dynamic = base + ph.p_vaddr as usize,
+            libc::PT_GNU_RELRO => {
+                relro = (
+                    base + ph.p_vaddr as usize,
+                    base + (ph.p_vaddr + ph.p_memsz) as usize,
+                )
+            }
+            _ => {}
+        }
+    }
+    if dynamic == 0 {
+        return 0;
+    }
+    // SAFETY: PT_DYNAMIC of a loaded object: an array of Elf64_Dyn ended by DT_NULL.
+    unsafe { rebind_object(ctx, base, dynamic as *const Elf64Dyn, relro) };
+    0
+}
+
+/// # Safety
+/// `dynamic` is the mapped dynamic section of a loaded object whose load bias is `base`.
+unsafe fn rebind_object(
+    ctx: &mut Ctx,
+    base: usize,
+    dynamic: *const Elf64Dyn,
+    relro: (usize, usize),
+) {
+    let (mut symtab, mut strtab, mut strsz) = (0usize, 0usize, 0usize);
+    let mut tables = [(0usize, 0usize); 2]; // (DT_JMPREL, DT_PLTRELSZ), (DT_RELA, DT_RELASZ)
+    let mut relaent = std::mem::size_of::<libc::Elf64_Rela>();
+    // The loader relocates most address entries in place; an unrelocated one is an offset.
+    let addr = |v: u64| -> usize {
+        let v = v as usize;
+        if v < base {
+            base + v
+        } else {
+            v
+        }
+    };
+    let mut d = dynamic;
+    for _ in 0..4096 {
+        // SAFETY: within the dynamic array, which ends with DT_NULL.
+        let e = unsafe { &*d };
+        let v = e.d_un;
+        match e.d_tag {
+            0 => break, // DT_NULL
+            5 => strtab = addr(v),
+            6 => symtab = addr(v),
+            10 => strsz = v as usize,
+            23 => tables[0].0 = addr(v),        // DT_JMPREL
+            2 => tables[0].1 = v as usize,      // DT_PLTRELSZ
+            7 => tables[1].0 = addr(v),         // DT_RELA
+            8 => tables[1].1 = v as usize,      // DT_RELASZ
+            9 => relaent = (v as usize).max(1), // DT_RELAENT
+            _ => {}
+        }
+        // SAFETY: the next entry exists (DT_NULL not reached yet).
+        d = unsafe { d.add(1) };
+    }
+    if symtab == 0 || strtab == 0 {
+        return;
+    }
+    for (start, size) in tables {
+        if start == 0 {
+            continue;
+        }
+        let mut off = 0;
+        while off + std::mem::size_of::<libc::Elf64_Rela>() <= size {
+            // SAFETY: inside the relocation table of a loaded object.
+            let r = unsafe { &*((start + off) as *const libc::Elf64_Rela) };
+            off += relaent;
+            let ty = (r.r_info & 0xffff_ffff) as u32;
+            if ty != R_X86_64_JUMP_SLOT && ty != R_X86_64_GLOB_DAT {
+                continue;
+            }
+            let sym = (r.r_info >> 32) as usize;
+            // SAFETY: the symbol index of a relocation is inside the object's symbol table.
+            let s = unsafe { &*((symtab as *const libc::Elf64_Sym).add(sym)) };
+            if s.st_name as usize >= strsz {
+                continue;
+            }
+            // SAFETY: st_name is an offset into the NUL-terminated string table.
+            let name =
+                unsafe { std::ffi::CStr::from_ptr((strtab + s.st_name as usize) as *const c_char) }
+                    .to_bytes();
+            let Some(rb) = ctx.table.iter().find(|rb| rb.name == name) else {
+                continue;
+            };
+            let slot = (base + r.r_offset as usize) as *mut usize;
+            // SAFETY: r_offset of a GOT relocation names a mapped, aligned word of the object.
+            if unsafe { slot.read_volatile() } != rb.libc {
+                continue;
+            }
+            // SAFETY: as above; the slot's page is made writable first (it may lie in the
+            // read-only-after-relocation range), and made read-only again if it does.
+            unsafe { write_slot(slot, rb.ours, relro) };
+            ctx.rebound += 1;
+        }
+    }
+}
+
+/// # Safety
+/// `slot` is a mapped, aligned GOT word of a loaded object; `relro` its object's RELRO range.
+unsafe fn write_slot(slot: *mut usize, value: usize, relro: (usize, usize)) {
+    let page = slot as usize & !4095;
+    let in_relro = (slot as usize) >= relro.0 && (slot as usize) < relro.1;
+    // SAFETY: the page holds the GOT of a loaded object: mapped, ours to change.
+    unsafe {
+        libc::mprotect(
+            page as *mut c_void,
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        );
+        slot.write_volatile(value);
+        if in_relro {
+            libc::mprotect(page as *mut c_void, 4096, libc::PROT_READ);
+        }
+    }
+}
