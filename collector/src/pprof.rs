@@ -2,17 +2,18 @@
 //!
 //! Follows google/pprof `proto/profile.proto` and the conventions of Go's heap profiles
 //! (`runtime/pprof/protomem.go`): sample types `alloc_objects/count`, `alloc_space/bytes`,
-//! `inuse_objects/count`, `inuse_space/bytes` with `inuse_space` the default; a numeric label
-//! `bytes` with the block size; `string_table[0] == ""`; ids from 1; locations at the call
-//! instruction (return address − 1).
+//! `inuse_objects/count`, `inuse_space/bytes` with `inuse_space` the default; one sample per
+//! (stack, thread, block size) with a numeric label `bytes`, the block size;
+//! `string_table[0] == ""`; ids from 1; locations at the call instruction (return address − 1).
 
 use crate::snapshot::Collected;
 use crate::symbolize::{module_of, symbolize, Resolved};
 use heapdump_proto as pb;
 use std::collections::HashMap;
 
-/// Regex (pprof `drop_frames`) matching the shim's own frames; the collector also strips them.
-pub const DROP_FRAMES: &str = r"(heapdump_instrumentation::.*|<heapdump_instrumentation::.*|__rust_(alloc|alloc_zeroed|realloc|dealloc)|__rg_(alloc|alloc_zeroed|realloc|dealloc)|__rdl_(alloc|alloc_zeroed|realloc|dealloc))";
+/// Regex (pprof `drop_frames`) matching the shim's own frames; the collector also strips them
+/// ([`is_shim_function`]).
+pub const DROP_FRAMES: &str = r"(heapdump_instrumentation::.*|<heapdump_instrumentation::.*|(.*::)?__(rust|rg|rdl)_(alloc|alloc_zeroed|realloc|dealloc))";
 
 /// How to build the profile.
 #[derive(Debug, Clone, Copy)]
@@ -52,26 +53,35 @@ fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
             return true;
         }
     }
-    r.frames.last().is_some_and(|f| {
-        let n = f.function.as_str();
-        n.starts_with("heapdump_instrumentation::")
-            || n.starts_with("<heapdump_instrumentation::")
-            || matches!(
-                n,
-                "__rust_alloc"
-                    | "__rust_alloc_zeroed"
-                    | "__rust_realloc"
-                    | "__rust_dealloc"
-                    | "__rg_alloc"
-                    | "__rg_alloc_zeroed"
-                    | "__rg_realloc"
-                    | "__rg_dealloc"
-                    | "__rdl_alloc"
-                    | "__rdl_alloc_zeroed"
-                    | "__rdl_realloc"
-                    | "__rdl_dealloc"
-            )
-    })
+    r.frames
+        .last()
+        .is_some_and(|f| is_shim_function(&f.function))
+}
+
+/// Whether the (demangled) function `name` belongs to the recording path rather than to the
+/// program: the instrumentation crate (`HeapdumpAlloc`'s methods, fully qualified), and the
+/// global-allocator shims rustc generates (`__rust_alloc`, `__rg_alloc`, `__rdl_alloc` and
+/// their zeroed/realloc/dealloc forms, also under a path such as `__rustc::__rust_alloc`).
+pub fn is_shim_function(name: &str) -> bool {
+    const SHIMS: [&str; 12] = [
+        "__rust_alloc",
+        "__rust_alloc_zeroed",
+        "__rust_realloc",
+        "__rust_dealloc",
+        "__rg_alloc",
+        "__rg_alloc_zeroed",
+        "__rg_realloc",
+        "__rg_dealloc",
+        "__rdl_alloc",
+        "__rdl_alloc_zeroed",
+        "__rdl_realloc",
+        "__rdl_dealloc",
+    ];
+    name.starts_with("heapdump_instrumentation::")
+        || name.starts_with("<heapdump_instrumentation::")
+        || SHIMS
+            .iter()
+            .any(|s| name == *s || name.strip_suffix(s).is_some_and(|p| p.ends_with("::")))
 }
 
 /// Builds the profile.
@@ -230,11 +240,18 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         ..Default::default()
     };
 
-    // Live blocks grouped per stack, so alloc_* can go on the same sample when one thread holds
-    // all of a stack's live blocks.
-    let mut inuse_by_stack: HashMap<u32, Vec<(u32, f64, f64)>> = HashMap::new();
-    for (&(stack, tid), &(n, b)) in &c.inuse {
-        inuse_by_stack.entry(stack).or_default().push((tid, n, b));
+    // Live blocks grouped per stack. Like Go's heap profiles (whose runtime keeps one bucket
+    // per stack and block size), each sample holds blocks of one size, its `bytes` label. The
+    // cumulative alloc_* counters are kept per stack only, with no sizes: they ride on the
+    // stack's live sample when that is exact — a single (thread, size) group holding every
+    // block ever allocated from the stack — and otherwise go on a sample of their own, with no
+    // `bytes` label.
+    let mut inuse_by_stack: HashMap<u32, Vec<(u32, u64, f64, f64)>> = HashMap::new();
+    for (&(stack, tid, size), &(n, b)) in &c.inuse {
+        inuse_by_stack
+            .entry(stack)
+            .or_default()
+            .push((tid, size, n, b));
     }
     let mut stacks: Vec<u32> = c
         .alloc_totals
@@ -247,38 +264,32 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     for stack in stacks {
         let locs = locations_of(stack);
         let (an, ab) = c.alloc_totals.get(&stack).copied().unwrap_or((0.0, 0.0));
-        let (an, ab) = (an.round() as u64, ab.round() as u64);
+        let (an, ab) = (an.round() as i64, ab.round() as i64);
         let mut live = inuse_by_stack.remove(&stack).unwrap_or_default();
-        live.sort_unstable_by_key(|e| e.0);
+        live.sort_unstable_by_key(|e| (e.0, e.1));
         if opts.with_tags {
             // Per-block samples carry inuse; one untagged sample carries alloc_*.
             if an > 0 {
-                let l = bytes_label(&mut s, ab / an.max(1));
                 p.sample.push(pb::Sample {
                     location_id: locs.clone(),
-                    value: vec![an as i64, ab as i64, 0, 0],
-                    label: vec![l],
+                    value: vec![an, ab, 0, 0],
+                    label: vec![],
                 });
             }
             continue;
         }
-        let single = live.len() == 1;
-        if !single && an > 0 {
-            let l = bytes_label(&mut s, ab / an);
+        let merged = matches!(live.as_slice(), [(_, _, n, b)]
+            if n.round() as i64 == an && b.round() as i64 == ab);
+        if !merged && an > 0 {
             p.sample.push(pb::Sample {
                 location_id: locs.clone(),
-                value: vec![an as i64, ab as i64, 0, 0],
-                label: vec![l],
+                value: vec![an, ab, 0, 0],
+                label: vec![],
             });
         }
-        for (tid, n, b) in live {
-            let (a0, a1) = if single {
-                (an as i64, ab as i64)
-            } else {
-                (0, 0)
-            };
-            let mean = (b / n.max(1e-9)).round() as u64;
-            let labels = vec![bytes_label(&mut s, mean), thread_label(&mut s, tid)];
+        for (tid, size, n, b) in live {
+            let (a0, a1) = if merged { (an, ab) } else { (0, 0) };
+            let labels = vec![bytes_label(&mut s, size), thread_label(&mut s, tid)];
             p.sample.push(pb::Sample {
                 location_id: locs.clone(),
                 value: vec![a0, a1, n.round() as i64, b.round() as i64],

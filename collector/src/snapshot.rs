@@ -22,8 +22,9 @@ pub struct Collected {
     pub stacks: HashMap<u32, Vec<u64>>,
     /// Cumulative (allocations, bytes) per stack, unbiased when the region was sampled.
     pub alloc_totals: HashMap<u32, (f64, f64)>,
-    /// Live (blocks, bytes) per (stack, thread id), unbiased when the region was sampled.
-    pub inuse: HashMap<(u32, u32), (f64, f64)>,
+    /// Live (blocks, bytes) per (stack, thread id, block size), unbiased when the region was
+    /// sampled.
+    pub inuse: HashMap<(u32, u32, u64), (f64, f64)>,
     /// Every live block, when asked for (`--with-tags`).
     pub blocks: Option<Vec<Block>>,
     /// Thread slots.
@@ -58,7 +59,7 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
         }
     }
     let interval = region.info().sample_interval;
-    let mut inuse: HashMap<(u32, u32), (f64, f64)> = HashMap::new();
+    let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
     let mut blocks = with_blocks.then(Vec::new);
     let mut meta = region.snapshot(
         &SnapshotOptions {
@@ -67,7 +68,7 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
         },
         |b| {
             let w = weight(b.size as f64, interval);
-            let e = inuse.entry((b.stack, b.thread)).or_default();
+            let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
             e.0 += w;
             e.1 += w * b.size as f64;
             if let Some(v) = blocks.as_mut() {
@@ -101,7 +102,7 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
             want(id, &mut stacks);
         }
     }
-    for &(s, _) in inuse.keys() {
+    for &(s, _, _) in inuse.keys() {
         want(s, &mut stacks);
     }
     Ok(Collected {

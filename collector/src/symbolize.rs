@@ -1,8 +1,15 @@
 //! Symbolization of return addresses with blazesym, from the module table the region recorded
 //! (so it works after the process is gone, as long as the files are still on disk).
+//!
+//! Names are demangled here, not by blazesym: C++ names with the GNU demangler c++filt uses
+//! (libiberty's, exported by libstdc++ as `__cxa_demangle`), Rust names with `rustc-demangle`.
+//! blazesym's own demangling (`cpp_demangle`) gets some C++ signatures wrong, e.g. template
+//! constructors lose their first parameter (`_ZN1AC2IiEEmc` as `A::A<int>(char)`).
 
 use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
+use std::sync::OnceLock;
 use vmo_layout::Module;
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -29,19 +36,44 @@ pub struct Resolved {
 }
 
 /// Index of the module whose PT_LOAD segments contain `addr`.
+///
+/// Several entries can contain it when a library was `dlclose`d and another one (or the same
+/// one again) was later mapped over its addresses. The table does not say when each was mapped,
+/// and a stack trace is interned once for every allocation made with the same return addresses
+/// (whichever library they were in), so which library a frame was in cannot always be known.
+/// The module still loaded is preferred (it is the only one that can be executing now, and the
+/// one the addresses belong to for every stack recorded since it was mapped); among unloaded
+/// ones, the one loaded last. A block allocated by an unloaded library whose addresses were
+/// reused, still live, is therefore attributed to the library mapped there now.
 pub fn module_of(modules: &[Module], addr: u64) -> Option<usize> {
-    modules.iter().position(|m| {
+    let contains = |m: &Module| {
         m.segments.iter().any(|s| {
             let start = m.base.wrapping_add(s.vaddr);
             addr >= start && addr < start.wrapping_add(s.memsz)
         })
-    })
+    };
+    let mut best: Option<usize> = None;
+    for (i, m) in modules.iter().enumerate() {
+        if !contains(m) {
+            continue;
+        }
+        if m.loaded {
+            return Some(i);
+        }
+        best = Some(i);
+    }
+    best
 }
 
 /// Symbolizes `addrs` (call-site addresses: return address − 1) against `modules`.
 ///
 /// Modules whose file no longer exists, or whose build ID differs from the recorded one, are left
 /// unsymbolized (their mapping keeps the build ID so pprof can symbolize later).
+///
+/// Each module is symbolized twice: from its DWARF (files, lines, inlined calls) and from its
+/// ELF symbol table. DWARF built with `debug = "line-tables-only"` names functions without
+/// their linkage name (`make_vec`, not `app::work::make_vec`); the symbol table's name of the
+/// function holding the address is used instead when it is the same function, fully qualified.
 pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
     let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
@@ -61,7 +93,7 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
     let symbolizer = Symbolizer::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
-        .enable_demangling(true)
+        .enable_demangling(false)
         .build();
     for (m, list) in by_module {
         let module = &modules[m];
@@ -69,21 +101,37 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
         if !path.is_absolute() || !path.exists() || !build_id_matches(path, &module.build_id) {
             continue;
         }
-        let src = Source::Elf(Elf::new(path));
         let virt: Vec<u64> = list.iter().map(|a| a.wrapping_sub(module.base)).collect();
-        let Ok(syms) = symbolizer.symbolize(&src, Input::VirtOffset(&virt)) else {
+        let Ok(syms) = symbolizer.symbolize(&Source::Elf(Elf::new(path)), Input::VirtOffset(&virt))
+        else {
             continue;
         };
-        for (a, s) in list.iter().zip(syms) {
+        let elf_only = Elf {
+            debug_syms: false,
+            ..Elf::new(path)
+        };
+        let table_names: Vec<Option<String>> = symbolizer
+            .symbolize(&Source::Elf(elf_only), Input::VirtOffset(&virt))
+            .map(|v| {
+                v.into_iter()
+                    .map(|s| match s {
+                        Symbolized::Sym(s) => Some(s.name.into_owned()),
+                        Symbolized::Unknown(_) => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (k, (a, s)) in list.iter().zip(syms).enumerate() {
             let Symbolized::Sym(sym) = s else { continue };
             let mut frames = Vec::with_capacity(1 + sym.inlined.len());
             // pprof wants innermost first; blazesym reports the outer function, then inlined
             // calls outermost to innermost, each with the location inside it.
-            let mut loc = sym.code_info.as_deref().map(code_loc).unwrap_or_default();
-            let mut chain = vec![(sym.name.to_string(), std::mem::take(&mut loc))];
+            let outer = outer_name(&sym.name, table_names.get(k).and_then(|n| n.as_deref()));
+            let loc = sym.code_info.as_deref().map(code_loc).unwrap_or_default();
+            let mut chain = vec![(outer, loc)];
             for f in sym.inlined.iter() {
                 chain.push((
-                    f.name.to_string(),
+                    demangle(&f.name),
                     f.code_info.as_ref().map(code_loc).unwrap_or_default(),
                 ));
             }
@@ -102,6 +150,114 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
     out
 }
 
+/// The demangled name of the function holding an address: DWARF's name `dwarf`, unless that
+/// is a bare name (no linkage name in the DWARF, as with `debug = "line-tables-only"`) and the
+/// symbol table names the same function fully: `table`, mangled, whose demangled form is that
+/// bare name (generic arguments left out) under a path.
+fn outer_name(dwarf: &str, table: Option<&str>) -> String {
+    if is_mangled(dwarf) {
+        return demangle(dwarf);
+    }
+    let bare = if dwarf.starts_with('<') {
+        dwarf
+    } else {
+        dwarf.split('<').next().unwrap_or(dwarf)
+    };
+    match table.filter(|t| is_mangled(t)).map(demangle) {
+        Some(t) if t == bare || t.ends_with(&format!("::{bare}")) => t,
+        _ => dwarf.to_owned(),
+    }
+}
+
+fn is_mangled(name: &str) -> bool {
+    name.starts_with("_Z") || name.starts_with("_R")
+}
+
+/// Demangles a symbol name: Rust (v0 `_R…`, or legacy `_ZN…17h<hash>E`, printed without the
+/// hash) with `rustc-demangle`; C++ (`_Z…`) like `c++filt`; anything else unchanged.
+pub fn demangle(name: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        // A legacy Rust name ends with a hash (printed only without `#`); `_ZN3foo3barE`
+        // without one is C++ (`foo::bar`), which the C++ demangler prints the same.
+        let short = format!("{d:#}");
+        if name.starts_with("_R") || d.to_string() != short {
+            return short;
+        }
+    }
+    if name.starts_with("_Z") {
+        if let Some(d) = demangle_cpp(name) {
+            return d;
+        }
+    }
+    name.to_owned()
+}
+
+type CxaDemangle = unsafe extern "C" fn(
+    mangled: *const c_char,
+    buf: *mut c_char,
+    len: *mut usize,
+    status: *mut c_int,
+) -> *mut c_char;
+
+/// libstdc++'s `__cxa_demangle` (GCC's libiberty demangler, the one `c++filt` runs), looked up
+/// once; `None` when libstdc++ is not installed.
+fn cxa_demangle() -> Option<CxaDemangle> {
+    static F: OnceLock<Option<usize>> = OnceLock::new();
+    let f = *F.get_or_init(|| {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; the library is never closed, so the
+        // function pointer stays valid for the life of the process. Loading libstdc++ runs its
+        // initializers, which have no effect on this program.
+        unsafe {
+            let h = libc::dlopen(
+                c"libstdc++.so.6".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            );
+            if h.is_null() {
+                return None;
+            }
+            let s = libc::dlsym(h, c"__cxa_demangle".as_ptr());
+            (!s.is_null()).then_some(s as usize)
+        }
+    });
+    // SAFETY: `f` is the address of `__cxa_demangle`, whose C ABI signature is `CxaDemangle`
+    // (Itanium C++ ABI, 3.4).
+    f.map(|f| unsafe { std::mem::transmute::<usize, CxaDemangle>(f) })
+}
+
+/// A C++ name demangled as `c++filt` prints it, falling back to `cpp_demangle` when libstdc++
+/// cannot be loaded. `None` when it is not a valid mangled name.
+///
+/// `__cxa_demangle` runs libiberty's demangler with the options GDB and perf use; `c++filt`
+/// adds `DMGL_VERBOSE`, which only changes how the standard abbreviations `Ss`, `Si`, `So` and
+/// `Sd` print outside constructor and destructor names (`std::string` rather than
+/// `std::basic_string<char, std::char_traits<char>, std::allocator<char> >`).
+fn demangle_cpp(name: &str) -> Option<String> {
+    let Some(f) = cxa_demangle() else {
+        let sym = cpp_demangle::Symbol::new(name.as_bytes()).ok()?;
+        return sym.demangle().ok();
+    };
+    let c = CString::new(name).ok()?;
+    let mut status: c_int = 0;
+    // SAFETY: `c` is NUL-terminated; a null buffer asks __cxa_demangle to malloc the result,
+    // which we own and free below; `status` is a valid out-pointer.
+    let p = unsafe {
+        f(
+            c.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut status,
+        )
+    };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success `p` is a NUL-terminated string allocated with malloc.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    // SAFETY: `p` came from malloc (inside __cxa_demangle) and is not used after this.
+    unsafe { libc::free(p as *mut libc::c_void) };
+    (status == 0).then_some(s)
+}
+
 fn code_loc(c: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32) {
     (
         c.to_path().to_string_lossy().into_owned(),
@@ -118,5 +274,155 @@ fn build_id_matches(path: &Path, expected: &[u8]) -> bool {
     match blazesym::helper::read_elf_build_id(path) {
         Ok(Some(id)) => id.as_ref() == expected,
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    /// Mangled names from real symbol tables: libstdc++'s dynamic symbols and the C++ runtime
+    /// pieces every C++ program links, plus the two signatures of issue 8.
+    fn corpus() -> Vec<String> {
+        let mut names: Vec<String> = vec![
+            "_ZN1AC2IiEEmc".into(),
+            "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEC2IS3_EEmcRKS3_".into(),
+        ];
+        for lib in [
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib/x86_64-linux-gnu/libicuuc.so.72",
+        ] {
+            if !Path::new(lib).exists() {
+                continue;
+            }
+            let out = Command::new("nm")
+                .args(["-D", "--defined-only", lib])
+                .output()
+                .expect("nm (binutils) must be installed");
+            assert!(out.status.success(), "nm {lib}");
+            for l in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(n) = l.split_whitespace().nth(2) {
+                    let n = n.split('@').next().unwrap_or(n);
+                    if n.starts_with("_Z") {
+                        names.push(n.to_owned());
+                    }
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// `c++filt`'s output for each name, in order.
+    fn cxxfilt(names: &[String]) -> Vec<String> {
+        let mut child = Command::new("c++filt")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("c++filt (binutils) must be installed");
+        let mut input = child.stdin.take().unwrap();
+        let all = names.join("\n") + "\n";
+        let writer = std::thread::spawn(move || input.write_all(all.as_bytes()));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The one difference `c++filt`'s `DMGL_VERBOSE` makes: the standard abbreviations `Ss`,
+    /// `Si`, `So`, `Sd` print in full rather than as `std::string`, … (both sides normalized,
+    /// with the space between closing angle brackets the full form brings).
+    fn abbreviate(s: &str) -> String {
+        s.replace(
+            "std::basic_string<char, std::char_traits<char>, std::allocator<char> >",
+            "std::string",
+        )
+        .replace(
+            "std::basic_istream<char, std::char_traits<char> >",
+            "std::istream",
+        )
+        .replace(
+            "std::basic_ostream<char, std::char_traits<char> >",
+            "std::ostream",
+        )
+        .replace(
+            "std::basic_iostream<char, std::char_traits<char> >",
+            "std::iostream",
+        )
+        // `<std::string>`, where the full form closes with `> >`.
+        .replace(" >", ">")
+    }
+
+    #[test]
+    fn cpp_names_demangled_like_cxxfilt() {
+        assert!(
+            cxa_demangle().is_some(),
+            "libstdc++.so.6 must be loadable: it carries the demangler c++filt uses"
+        );
+        let names = corpus();
+        assert!(names.len() > 3000, "only {} names", names.len());
+        let expected = cxxfilt(&names);
+        assert_eq!(expected.len(), names.len());
+        let (mut bad, mut verbose_only) = (Vec::new(), 0);
+        for (n, e) in names.iter().zip(&expected) {
+            let got = demangle(n);
+            if &got == e {
+                continue;
+            }
+            if abbreviate(&got) == abbreviate(e) {
+                verbose_only += 1;
+                continue;
+            }
+            bad.push(format!("{n}\n  ours:     {got}\n  c++filt:  {e}"));
+        }
+        assert!(
+            bad.is_empty(),
+            "{} of {} differ:\n{}",
+            bad.len(),
+            names.len(),
+            bad.join("\n")
+        );
+        // The two signatures cpp_demangle (blazesym's demangler) got wrong.
+        assert_eq!(demangle("_ZN1AC2IiEEmc"), "A::A<int>(unsigned long, char)");
+        assert_eq!(
+            demangle("_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEC2IS3_EEmcRKS3_"),
+            "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >\
+             ::basic_string<std::allocator<char> >(unsigned long, char, std::allocator<char> const&)"
+        );
+        eprintln!(
+            "{} names: {} as c++filt prints them, {verbose_only} with std::string/istream/ostream \
+             abbreviated (c++filt's DMGL_VERBOSE)",
+            names.len(),
+            names.len() - verbose_only
+        );
+    }
+
+    #[test]
+    fn rust_names_demangled_without_hash() {
+        // Legacy (with `..` in the path, as trait impls have) and v0.
+        assert_eq!(
+            demangle(
+                "_ZN115_$LT$heapdump_instrumentation..global_alloc..HeapdumpAlloc$LT$A$GT$$u20$as\
+                 $u20$core..alloc..global..GlobalAlloc$GT$5alloc17h57a7626b6c3d32b0E"
+            ),
+            "<heapdump_instrumentation::global_alloc::HeapdumpAlloc<A> as \
+             core::alloc::global::GlobalAlloc>::alloc"
+        );
+        assert_eq!(
+            demangle("_ZN18rust_alloc_example11alloc_small17h0123456789abcdefE.llvm.42"),
+            "rust_alloc_example::alloc_small"
+        );
+        assert_eq!(
+            demangle("_RNvCs1234_7___rustc12___rust_alloc"),
+            "__rustc::__rust_alloc"
+        );
+        // C++ without a hash, and C names, are not Rust.
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(demangle("malloc"), "malloc");
     }
 }

@@ -71,8 +71,7 @@ fn rust_global_allocator_exact() {
     let r = start(Command::new(&exe), &dir, false);
     let (blocks, bytes) = r.tally();
     let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
-    // pprof prints Rust functions without their crate path.
-    let f = |n: &str| raw.sum_with(n);
+    let f = |n: &str| raw.sum_with(&format!("rust_alloc_example::{n}"));
     assert_eq!(f("alloc_small")[2..], [1000, 1000 * KIB]);
     assert_eq!(f("alloc_medium")[2..], [100, 6400 * KIB]);
     assert_eq!(f("alloc_large")[2..], [10, 10 * MIB]);
@@ -403,9 +402,10 @@ fn rust_global_allocator_without_frame_pointers() {
     );
     let (blocks, bytes) = r.tally();
     let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
-    assert_eq!(raw.sum_with("alloc_small")[2..], [1000, 1000 * KIB]);
-    assert_eq!(raw.sum_with("alloc_medium")[2..], [100, 6400 * KIB]);
-    assert_eq!(raw.sum_with("alloc_large")[2..], [10, 10 * MIB]);
+    let f = |n: &str| raw.sum_with(&format!("rust_alloc_example::{n}"));
+    assert_eq!(f("alloc_small")[2..], [1000, 1000 * KIB]);
+    assert_eq!(f("alloc_medium")[2..], [100, 6400 * KIB]);
+    assert_eq!(f("alloc_large")[2..], [10, 10 * MIB]);
     let t = raw.total();
     assert_eq!((t[2], t[3]), (blocks, bytes));
     assert_eq!(r.finish(), 0);
