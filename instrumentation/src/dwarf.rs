@@ -15,8 +15,15 @@
 //! `dl_iterate_phdr`) is built where allocating is safe (the preload constructor, after
 //! `dlopen`/`dlclose`, the first allocation of a Rust program) and published through an atomic
 //! pointer with a generation number; a thread's cache drops its rules when it sees a newer
-//! generation. A list replaced by a newer one is leaked, not freed: another thread may still be
-//! walking with it.
+//! generation. A list replaced by a newer one is freed once no thread may still walk with it:
+//! each cache publishes the list it uses (a hazard pointer, stored only when the list
+//! changes, so a walk costs one extra comparison), and a rebuild frees the replaced lists no
+//! registered cache names. So memory stays at the current list plus at most one old list per
+//! idle thread, not one list per `dlopen` (Python importing 500 extension modules).
+//!
+//! Caches live in anonymous mappings, not in the program's heap (about 70 KiB per thread that
+//! allocates), and are released at thread exit; a thread that allocates after its exit
+//! handler ran (another TLS destructor) walks by frame pointers instead of making a new one.
 //!
 //! Code with no CFI (generated code, objects without `.eh_frame_hdr`) is unwound as if it kept
 //! frame pointers. CFI that is not of the simple forms above (DWARF expressions, as in signal
@@ -68,6 +75,38 @@ impl Objects {
 }
 
 static OBJECTS: AtomicPtr<Objects> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Every live cache (to find the object lists they use), and the replaced object lists not
+/// freed yet; both behind [`REGISTRY_LOCK`], touched only where allocating is allowed.
+struct Registry {
+    caches: Vec<usize>,
+    retired: Vec<usize>,
+}
+static REGISTRY_LOCK: crate::sys::SpinLock = crate::sys::SpinLock::new();
+static mut REGISTRY: Registry = Registry {
+    caches: Vec::new(),
+    retired: Vec::new(),
+};
+
+/// Runs `f` on the registry under its lock.
+fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    REGISTRY_LOCK.lock();
+    // SAFETY: the lock gives exclusive access to REGISTRY.
+    let r = f(unsafe { &mut *(&raw mut REGISTRY) });
+    REGISTRY_LOCK.unlock();
+    r
+}
+
+/// Takes the registry lock across `fork` (a fork racing a thread's first unwind would leave
+/// the child's copy locked).
+pub(crate) fn lock_for_fork() {
+    REGISTRY_LOCK.lock();
+}
+
+/// Releases what [`lock_for_fork`] took.
+pub(crate) fn unlock_after_fork() {
+    REGISTRY_LOCK.unlock();
+}
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// How a frame is unwound (see the module docs). 8 bytes.
@@ -120,6 +159,8 @@ struct Slot {
 /// A thread's rule cache and CFI evaluation context (about 24 KiB).
 pub struct Cache {
     generation: u64,
+    /// The object list this cache's walks use (hazard pointer; see the module docs).
+    in_use: AtomicPtr<Objects>,
     slots: [Slot; SLOTS],
     ctx: UnwindContext<usize, Fixed>,
 }
@@ -156,14 +197,14 @@ pub fn ready() -> bool {
 #[cold]
 #[inline(never)]
 pub fn new_cache() -> *mut Cache {
-    let layout = std::alloc::Layout::new::<Cache>();
-    // SAFETY: the layout has a nonzero size. All-zero bytes are a valid `generation` and valid
-    // empty slots (key 0, a rule of plain integers).
-    let c = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Cache;
+    // An anonymous mapping, zero-filled: all-zero bytes are a valid `generation`, a null
+    // `in_use` and valid empty slots (key 0, a rule of plain integers).
+    let c = crate::sys::map_anon(std::mem::size_of::<Cache>()) as *mut Cache;
     if !c.is_null() {
-        // SAFETY: `c` is a fresh allocation for a Cache; the context is written without
-        // reading (or dropping) the zeroed bytes there.
+        // SAFETY: `c` is a fresh mapping for a Cache; the context is written without reading
+        // (or dropping) the zeroed bytes there.
         unsafe { std::ptr::addr_of_mut!((*c).ctx).write(UnwindContext::new_in()) };
+        with_registry(|r| r.caches.push(c as usize));
     }
     c
 }
@@ -173,9 +214,14 @@ pub fn new_cache() -> *mut Cache {
 /// # Safety
 /// `c` came from [`new_cache`] and is not used again.
 pub unsafe fn free_cache(c: *mut Cache) {
-    // SAFETY: per the contract, `c` was allocated by the global allocator with `Cache`'s
-    // layout and fully initialized by `new_cache`, and nothing uses it after this.
-    drop(unsafe { Box::from_raw(c) });
+    with_registry(|r| r.caches.retain(|x| *x != c as usize));
+    // SAFETY: per the contract, `c` is a mapping of a Cache's size from `new_cache`, fully
+    // initialized there, and nothing uses it after this. The context is dropped in place
+    // (its storage is fixed-size, but drop it properly all the same).
+    unsafe {
+        std::ptr::drop_in_place(std::ptr::addr_of_mut!((*c).ctx));
+        crate::sys::unmap(c as *mut u8, std::mem::size_of::<Cache>());
+    }
 }
 
 /// Rebuilds the object list from the objects loaded now (allocates; call where the loader
@@ -187,7 +233,33 @@ pub fn rebuild() {
     list.sort_by_key(|o| o.lo);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     let objects = Box::new(Objects { list, generation });
-    OBJECTS.store(Box::into_raw(objects), Ordering::Release);
+    let old = OBJECTS.swap(Box::into_raw(objects), Ordering::SeqCst);
+    with_registry(|r| {
+        if !old.is_null() {
+            r.retired.push(old as usize);
+        }
+        // Free the replaced lists no cache uses any more. A walker publishes its list before
+        // it checks that it is still current (both SeqCst), so a list it may use is seen here.
+        let in_use: Vec<usize> = r
+            .caches
+            .iter()
+            // SAFETY: registered caches are live (unregistered before they are unmapped).
+            .map(|c| {
+                unsafe { &*(*c as *const Cache) }
+                    .in_use
+                    .load(Ordering::SeqCst) as usize
+            })
+            .collect();
+        r.retired.retain(|o| {
+            if in_use.contains(o) {
+                return true;
+            }
+            // SAFETY: a replaced list (never current again) that no walker can reach: every
+            // walker that could still use it would have published it.
+            drop(unsafe { Box::from_raw(*o as *mut Objects) });
+            false
+        });
+    });
 }
 
 unsafe extern "C" fn add_object(
@@ -365,11 +437,24 @@ fn unwind(
     cache: &mut Cache,
     out: &mut [u64; MAX_FRAMES],
 ) -> usize {
-    let ptr = OBJECTS.load(Ordering::Acquire);
+    let mut ptr = OBJECTS.load(Ordering::Acquire);
     if ptr.is_null() {
         return 0;
     }
-    // SAFETY: published object lists are never freed.
+    if ptr != cache.in_use.load(Ordering::Relaxed) {
+        // Publish the list we are about to use, then make sure it is still the current one:
+        // a rebuild that replaced it after this check sees our hazard and keeps it.
+        loop {
+            cache.in_use.store(ptr, Ordering::SeqCst);
+            let now = OBJECTS.load(Ordering::SeqCst);
+            if now == ptr {
+                break;
+            }
+            ptr = now;
+        }
+    }
+    // SAFETY: the list is current or published as in use by this cache, so not freed (see
+    // `rebuild`).
     let objects = unsafe { &*ptr };
     if cache.generation != objects.generation {
         cache.slots.iter_mut().for_each(|s| s.key = 0);

@@ -170,6 +170,8 @@ pub struct Tls {
     /// CFI rule cache of this thread (null until its first CFI unwind).
     #[cfg(target_arch = "x86_64")]
     dwarf_cache: Cell<*mut crate::dwarf::Cache>,
+    /// The thread's exit handler has run: no new CFI cache (it would never be freed).
+    exited: Cell<bool>,
 }
 const EXITED: u32 = u32::MAX;
 
@@ -205,6 +207,7 @@ impl Tls {
             last_now: Cell::new(0),
             #[cfg(target_arch = "x86_64")]
             dwarf_cache: Cell::new(std::ptr::null_mut()),
+            exited: Cell::new(false),
         }
     }
 
@@ -245,6 +248,9 @@ impl Tls {
         }
         let mut c = self.dwarf_cache.get();
         if c.is_null() {
+            if self.exited.get() {
+                return None;
+            }
             // Allocates once per thread, as the shim's own work (straight to glibc).
             c = internal(self, crate::dwarf::new_cache);
             if c.is_null() {
@@ -691,6 +697,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
     let Some(g) = global() else { return };
     TLS.with(|t| {
         let outer = t.guard.replace(GUARD_INTERNAL);
+        t.exited.set(true);
         flush_nodes(g, t);
         let d = t.deferred.replace(std::ptr::null_mut());
         if !d.is_null() {
@@ -755,6 +762,8 @@ extern "C" fn fork_prepare() {
         // The module table's lock first (its holder calls the loader, never the others),
         // then the recording paths' order: orphan slot, index shards, free list.
         crate::modules::lock_for_fork();
+        #[cfg(target_arch = "x86_64")]
+        crate::dwarf::lock_for_fork();
         ORPHAN.lock();
         INDEX.lock_all();
         g.free.lock.lock();
@@ -768,6 +777,8 @@ fn fork_unlock(g: &Global) {
         ORPHAN.unlock();
         g.free.lock.unlock();
         INDEX.unlock_all();
+        #[cfg(target_arch = "x86_64")]
+        crate::dwarf::unlock_after_fork();
         crate::modules::unlock_after_fork();
     }
 }
