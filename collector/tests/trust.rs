@@ -638,3 +638,121 @@ fn output_is_exclusive_private_and_goes_to_stdout() {
     assert_eq!(r.finish(), 0);
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// Waits up to `limit` for `child` (started with `process_group(0)`) to exit; kills its
+/// process group and panics on timeout.
+fn wait_exit(child: &mut std::process::Child, limit: std::time::Duration, what: &str) -> i32 {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            use std::os::unix::process::ExitStatusExt;
+            return st.code().unwrap_or_else(|| 128 + st.signal().unwrap());
+        }
+        if t0.elapsed() > limit {
+            // The child leads its own process group (`process_group(0)`): end it all, so that
+            // no orphan keeps the test's output open.
+            // SAFETY: signalling a process group we created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// C6: signals sent to `heapdump run` reach the command, `heapdump run` exits with the
+/// command's status, and a command that cannot be started exits 127/126 as in a shell.
+#[test]
+fn run_forwards_signals_and_reports_exec_errors() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let dir = region_dir("run-signals");
+    for (sig, name, code) in [
+        (libc::SIGINT, "INT", 3),
+        (libc::SIGTERM, "TERM", 4),
+        (libc::SIGHUP, "HUP", 5),
+        (libc::SIGQUIT, "QUIT", 6),
+        (libc::SIGUSR1, "USR1", 7),
+        (libc::SIGUSR2, "USR2", 8),
+    ] {
+        let script = format!(
+            "trap 'echo got {name}; exit {code}' {name}; echo ready; \
+             while :; do sleep 0.02; done"
+        );
+        let mut child = Command::new(heapdump())
+            .args(["run", "--", "sh", "-c", &script])
+            .env("HEAPDUMP_DIR", &dir)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        // SAFETY: signalling the heapdump process we started (not its process group).
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+        let got = wait_exit(
+            &mut child,
+            std::time::Duration::from_secs(10),
+            &format!("heapdump run after SIG{name}"),
+        );
+        assert_eq!(
+            lines.next().map(|l| l.unwrap()),
+            Some(format!("got {name}")),
+            "SIG{name} reached the command"
+        );
+        assert_eq!(got, code, "heapdump run exits with the command's status");
+    }
+    // The command killed by a signal: 128 + signal. No orphan is left: the command's exit
+    // is what ends `heapdump run`.
+    let mut child = Command::new(heapdump())
+        .args(["run", "--", "sh", "-c", "echo ready; exec sleep 30"])
+        .env("HEAPDUMP_DIR", &dir)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let got = wait_exit(
+        &mut child,
+        std::time::Duration::from_secs(10),
+        "heapdump run after SIGTERM",
+    );
+    assert_eq!(got, 128 + libc::SIGTERM);
+    assert!(
+        lines.next().is_none(),
+        "stdout closed: the command (sleep) is gone too"
+    );
+
+    // Start-up failures, as a shell reports them.
+    let not_exec = dir.with_extension("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&not_exec, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for (cmd, code, msg) in [
+        ("no-such-command-heapdump-test", 127, "command not found"),
+        (
+            "/nonexistent/heapdump-test",
+            127,
+            "No such file or directory",
+        ),
+        (not_exec.to_str().unwrap(), 126, "Permission denied"),
+        ("/", 126, "Is a directory"),
+    ] {
+        let t = heapdump_timeout(
+            &dir,
+            &["run", "--", cmd],
+            std::time::Duration::from_secs(10),
+        );
+        assert_eq!(t.code, Some(code), "{cmd}: {}", t.stderr);
+        assert!(
+            t.stderr.contains(&format!("{cmd}: {msg}")),
+            "{cmd}: {}",
+            t.stderr
+        );
+    }
+    let _ = std::fs::remove_file(&not_exec);
+}
