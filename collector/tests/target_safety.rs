@@ -394,3 +394,75 @@ fn shim_memory_stays_out_of_the_program_heap() {
         );
     }
 }
+
+/// Blocks of samples whose stack passes through both `inner` and `outer`.
+fn blocks_through_both(p: &heapdump_proto::Profile, inner: &str, outer: &str) -> i64 {
+    let (a, b) = (locations_of(p, inner), locations_of(p, outer));
+    p.sample
+        .iter()
+        .filter(|s| s.location_id.iter().any(|l| a.contains(l)))
+        .filter(|s| s.location_id.iter().any(|l| b.contains(l)))
+        .map(|s| s.value[2])
+        .sum()
+}
+
+/// B2: allocations made by library constructors, whose CFI the unwinder does not know yet:
+/// a `dlopen`ed library's constructor (built without frame pointers) and libstdc++'s
+/// emergency exception pool (72,704 B, allocated before the preload's constructor) get
+/// complete stacks through the loader, as heaptrack shows them.
+#[test]
+fn constructor_allocations_have_complete_stacks() {
+    let lib = target_dir().join("test-bins/libctor.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-g", "-fomit-frame-pointer"])
+        .arg("-fno-optimize-sibling-calls")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(root().join("examples/c/ctor_lib.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::rename(&tmp, &lib).unwrap();
+    let exe = compile_c("dlopener", &["-ldl"]);
+    let dir = region_dir("ctor");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&lib);
+    let r = start(cmd, &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(sum_through(&p, "ctor_alloc")[2..], [1, 4242]);
+    assert_eq!(blocks_through_both(&p, "ctor_alloc", "_dl_init"), 1);
+    assert_eq!(blocks_through_both(&p, "ctor_alloc", "main"), 1);
+    assert_eq!(r.finish(), 0);
+
+    // C++: libstdc++'s emergency pool, allocated by its static initializer.
+    let src = root().join("examples/c/containers.cc");
+    let cxx = target_dir().join("test-bins/containers");
+    let st = Command::new("g++")
+        .args(["-O1", "-g", "-o"])
+        .arg(&cxx)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = region_dir("ctor-cxx");
+    let r = start(Command::new(&cxx), &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    let pool: i64 = p
+        .sample
+        .iter()
+        .filter(|s| s.value[3] == 72_704 && s.value[2] == 1)
+        .map(|s| s.location_id.len() as i64)
+        .sum();
+    assert!(pool >= 3, "the emergency pool's stack has {pool} frames");
+    let dl_init = locations_of(&p, "_dl_init");
+    let through: i64 = p
+        .sample
+        .iter()
+        .filter(|s| s.value[3] == 72_704 && s.location_id.iter().any(|l| dl_init.contains(l)))
+        .map(|s| s.value[2])
+        .sum();
+    assert_eq!(through, 1, "the emergency pool's stack reaches _dl_init");
+    assert_eq!(r.finish(), 0);
+}

@@ -64,6 +64,12 @@ struct Object {
 struct Objects {
     list: Vec<Object>,
     generation: u64,
+    /// The loader's counts of objects loaded and unloaded so far (`dlpi_adds`, `dlpi_subs`)
+    /// when the list was built: a code address outside every object means the list is stale
+    /// only if these changed since (a library being initialized inside `dlopen`, before the
+    /// `dlopen` hook's rebuild), not when it is generated code.
+    adds: u64,
+    subs: u64,
 }
 
 impl Objects {
@@ -161,6 +167,9 @@ pub struct Cache {
     generation: u64,
     /// The object list this cache's walks use (hazard pointer; see the module docs).
     in_use: AtomicPtr<Objects>,
+    /// A rule was computed for a code address in no known object since the last
+    /// [`take_stale`].
+    missed: bool,
     slots: [Slot; SLOTS],
     ctx: UnwindContext<usize, Fixed>,
 }
@@ -182,9 +191,52 @@ impl Cache {
             return slot.rule;
         }
         let rule = compute(objects, &mut self.ctx, key);
+        if rule == RULE_FRAME_POINTER && objects.find(key).is_none() {
+            self.missed = true;
+        }
         *slot = Slot { key, rule };
         rule
     }
+}
+
+/// The loader's (objects loaded, objects unloaded) counts so far. Takes the loader's list
+/// lock briefly (`dl_iterate_phdr`, stopped at the first object); allocates nothing.
+fn loader_counts() -> (u64, u64) {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes our pair and a valid info for this call.
+        let (out, info) = unsafe { (&mut *(data as *mut (u64, u64)), &*info) };
+        *out = (info.dlpi_adds, info.dlpi_subs);
+        1
+    }
+    let mut counts = (0u64, 0u64);
+    // SAFETY: the callback receives `&mut (u64, u64)` through `data`, valid for the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut counts as *mut (u64, u64) as *mut _) };
+    counts
+}
+
+/// After a walk with `cache`: whether it met code in no known object while objects were
+/// loaded since the list was built (call [`rebuild`], where allocating is allowed, and walk
+/// again). Clears the cache's rules for those addresses so that the next walk looks again.
+pub fn take_stale(cache: &mut Cache) -> bool {
+    if !std::mem::replace(&mut cache.missed, false) {
+        return false;
+    }
+    let used = cache.in_use.load(Ordering::Acquire);
+    if used.is_null() {
+        return false;
+    }
+    // SAFETY: the list published as in use by this cache during its last walk: not freed
+    // meanwhile (see `rebuild`).
+    let o = unsafe { &*used };
+    let stale = loader_counts() != (o.adds, o.subs);
+    if stale {
+        cache.slots.iter_mut().for_each(|s| s.key = 0);
+    }
+    stale
 }
 
 /// Whether the object list has been built.
@@ -227,12 +279,18 @@ pub unsafe fn free_cache(c: *mut Cache) {
 /// Rebuilds the object list from the objects loaded now (allocates; call where the loader
 /// lock is not held and inside the reentrancy guard).
 pub fn rebuild() {
+    let (adds, subs) = loader_counts();
     let mut list: Vec<Object> = Vec::new();
     // SAFETY: the callback receives `&mut Vec<Object>` through `data`, valid for the call.
     unsafe { libc::dl_iterate_phdr(Some(add_object), &mut list as *mut Vec<Object> as *mut _) };
     list.sort_by_key(|o| o.lo);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-    let objects = Box::new(Objects { list, generation });
+    let objects = Box::new(Objects {
+        list,
+        generation,
+        adds,
+        subs,
+    });
     let old = OBJECTS.swap(Box::into_raw(objects), Ordering::SeqCst);
     with_registry(|r| {
         if !old.is_null() {

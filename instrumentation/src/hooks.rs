@@ -125,9 +125,23 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // SAFETY: the cache is this thread's, and we are inside its reentrancy guard (called from
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
-        (Some(cache), Start::FramePointer(fp)) => crate::dwarf::walk(fp, hi, cache, &mut frames),
-        (Some(cache), Start::Here { pc, sp, fp }) => {
-            crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, &mut frames)
+        (Some(cache), start) => {
+            let cfi = |cache: &mut crate::dwarf::Cache, frames: &mut [u64; MAX_FRAMES]| match start
+            {
+                Start::FramePointer(fp) => crate::dwarf::walk(fp, hi, cache, frames),
+                Start::Here { pc, sp, fp } => {
+                    crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, frames)
+                }
+            };
+            let n = cfi(cache, &mut frames);
+            // Code of an object loaded since the list was built (a library's constructor,
+            // running inside dlopen before the hook's refresh): rebuild and walk again.
+            if crate::dwarf::take_stale(cache) {
+                state::rebuild_unwind_tables(t);
+                cfi(cache, &mut frames)
+            } else {
+                n
+            }
         }
         (None, _) => walk(fp, hi, &mut frames),
     };

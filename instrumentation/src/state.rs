@@ -243,8 +243,13 @@ impl Tls {
     /// inside the thread's reentrancy guard, one capture at a time.
     #[cfg(target_arch = "x86_64")]
     pub fn dwarf_cache(&self) -> Option<*mut crate::dwarf::Cache> {
-        if !DWARF.load(Ordering::Relaxed) || !crate::dwarf::ready() {
+        if !DWARF.load(Ordering::Relaxed) {
             return None;
+        }
+        if !crate::dwarf::ready() {
+            // An allocation before the preload constructor ran (another library's
+            // constructor: libstdc++'s emergency pool, …): build the object list now.
+            rebuild_unwind_tables(self);
         }
         let mut c = self.dwarf_cache.get();
         if c.is_null() {
@@ -622,6 +627,14 @@ fn init_locked() -> bool {
     w.set_state(STATE_READY);
     set_process_token();
     true
+}
+
+/// Rebuilds the CFI unwinder's object list from inside the recording path (the shim's own
+/// work: it allocates, with signals blocked). `dl_iterate_phdr` takes the loader's list lock,
+/// which is recursive and never held across a call to `malloc`.
+#[cfg(target_arch = "x86_64")]
+pub fn rebuild_unwind_tables(t: &Tls) {
+    internal(t, crate::dwarf::rebuild);
 }
 
 /// Registers the shim's fork handlers, once. Called by the preload constructor (and at
