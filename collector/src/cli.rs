@@ -70,6 +70,10 @@ pub struct SnapshotArgs {
     /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).
     #[arg(long)]
     pub no_symbolize: bool,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish (only one
+    /// runs at a time); then fail, naming the process that holds the region's lock.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
 }
 
 /// `heapdump run`.
@@ -113,6 +117,8 @@ pub struct SnapshotProps {
     pub with_tags: bool,
     /// Symbolize in the collector.
     pub symbolize: bool,
+    /// Longest wait for another collector's lock on the region.
+    pub lock_timeout: std::time::Duration,
 }
 
 impl From<SnapshotArgs> for SnapshotProps {
@@ -128,6 +134,7 @@ impl From<SnapshotArgs> for SnapshotProps {
             output: a.output,
             with_tags: a.with_tags,
             symbolize: !a.no_symbolize,
+            lock_timeout: std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
         }
     }
 }

@@ -297,7 +297,7 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         "snapshotting pid {} ({} records to scan)",
         info.pid, info.counters.allocs
     ));
-    let c = snapshot::collect(&opened, liveness, p.with_tags)?;
+    let c = snapshot::collect(&opened, liveness, p.with_tags, p.lock_timeout)?;
     stage(&format!(
         "{} live blocks in {} stack traces; symbolizing",
         c.meta.blocks,

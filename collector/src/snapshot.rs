@@ -46,18 +46,27 @@ pub fn weight(size: f64, interval: u64) -> f64 {
 /// Snapshots the region in `opened`.
 ///
 /// For a live writer the snapshot holds an exclusive `flock` on the file (one live snapshot at a
-/// time per region; the target never takes it) and uses the lease protocol.
-pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result<Collected> {
+/// time per region; the target never takes it) and uses the lease protocol. The lock is waited
+/// for at most `lock_timeout`.
+///
+/// Errors: the lock is still held by another collector after `lock_timeout` (the message names
+/// the holder), or the region cannot be read.
+pub fn collect(
+    opened: &Opened,
+    liveness: Liveness,
+    with_blocks: bool,
+    lock_timeout: Duration,
+) -> Result<Collected> {
     let region = opened.region()?;
     let live = liveness == Liveness::Alive && opened.writable();
     if live {
-        // SAFETY: flock on our own open descriptor.
-        let r = unsafe { libc::flock(opened.file.as_raw_fd(), libc::LOCK_EX) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot lock {}", opened.path.display()));
-        }
+        lock_exclusive(opened, lock_timeout)?;
     }
+    // Tests only: pause inside the scan, while holding the lock and the lease.
+    let mut pause = std::env::var("HEAPDUMP_TEST_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
     let interval = region.info().sample_interval;
     let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
     let mut blocks = with_blocks.then(Vec::new);
@@ -67,6 +76,9 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
             wait_timeout: Duration::from_millis(200),
         },
         |b| {
+            if let Some(d) = pause.take() {
+                std::thread::sleep(d);
+            }
             let w = weight(b.size as f64, interval);
             let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
             e.0 += w;
@@ -117,4 +129,109 @@ pub fn collect(opened: &Opened, liveness: Liveness, with_blocks: bool) -> Result
         threads: region.threads(),
         modules: region.modules(),
     })
+}
+
+/// Takes the exclusive `flock` of a live snapshot, waiting at most `timeout` for another
+/// collector to release it (after 1 s, says on stderr who holds it).
+///
+/// Errors: still held after `timeout` (the message names the holding process and its state,
+/// e.g. stopped), or `flock` failed otherwise.
+fn lock_exclusive(opened: &Opened, timeout: Duration) -> Result<()> {
+    let fd = opened.file.as_raw_fd();
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        // SAFETY: flock on our own open descriptor.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => {}
+            Some(libc::EINTR) => continue,
+            _ => return Err(e).with_context(|| format!("cannot lock {}", opened.path.display())),
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            anyhow::bail!(
+                "{}: another snapshot of this region is in progress ({}); gave up after {:.1} s \
+                 (--lock-timeout SECS to wait longer)",
+                opened.path.display(),
+                lock_holder(opened),
+                waited.as_secs_f64()
+            );
+        }
+        if !told && waited >= Duration::from_secs(1) {
+            eprintln!(
+                "heapdump: waiting up to {:.0} s for the region's lock ({})",
+                timeout.as_secs_f64(),
+                lock_holder(opened)
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Who holds a lock on `opened`'s file, from `/proc/locks` (`flock` locks carry the pid of
+/// the process that took them): "held by pid N (COMMAND, stopped)", or a vaguer text when the
+/// holder cannot be named.
+fn lock_holder(opened: &Opened) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = opened.file.metadata() else {
+        return "holder unknown".into();
+    };
+    let (major, minor) = (libc::major(md.dev()), libc::minor(md.dev()));
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    // "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; waiters have "->" after the number.
+    let holders: Vec<u32> = locks
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.get(1) == Some(&"->") || w.len() < 6 {
+                return None;
+            }
+            let mut id = w[5].split(':');
+            let maj = u32::from_str_radix(id.next()?, 16).ok()?;
+            let min = u32::from_str_radix(id.next()?, 16).ok()?;
+            let ino: u64 = id.next()?.parse().ok()?;
+            (maj == major && min == minor && ino == md.ino())
+                .then(|| w[4].parse().ok())
+                .flatten()
+        })
+        .filter(|p| *p != std::process::id())
+        .collect();
+    if holders.is_empty() {
+        return "its holder is not visible in /proc/locks".into();
+    }
+    let describe = |pid: u32| {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| {
+                c.split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(str::to_owned)
+            });
+        let state = match state.as_deref() {
+            Some("T") => ", stopped (SIGSTOP): resume it with kill -CONT, or kill it",
+            Some("t") => ", stopped by a debugger",
+            Some("Z") => ", exiting",
+            Some(_) => "",
+            None => ", in another pid namespace or gone",
+        };
+        format!("held by pid {pid} ({cmd}{state})")
+    };
+    holders
+        .into_iter()
+        .map(describe)
+        .collect::<Vec<_>>()
+        .join("; ")
 }

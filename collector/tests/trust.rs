@@ -962,3 +962,74 @@ fn run_forwards_signals_and_reports_exec_errors() {
     }
     let _ = std::fs::remove_file(&not_exec);
 }
+
+/// Waits until `pid` holds a lock listed in /proc/locks (at most 10 s).
+fn wait_for_lock(pid: u32) {
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()) && !l.contains("->"))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "collector {pid} never took the region's lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// C4: a collector stopped (SIGSTOP) while holding the region's lock makes the next one wait
+/// at most --lock-timeout, then fail naming the stopped process.
+#[test]
+fn stopped_collector_lock_times_out_and_is_named() {
+    use std::os::unix::process::CommandExt;
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("lock");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let out = dir.with_extension("lock.pb.gz");
+    let mut a = Command::new(heapdump())
+        .args(["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()])
+        .env("HEAPDUMP_DIR", &dir)
+        .env("HEAPDUMP_TEST_PAUSE_MS", "60000")
+        .process_group(0)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_lock(a.id());
+    // SAFETY: stopping the collector we started.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "-o",
+            out.to_str().unwrap(),
+            "--lock-timeout",
+            "1",
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    // SAFETY: ending the collector we started.
+    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    let _ = a.wait();
+    assert!(!t.timed_out, "the second snapshot hung: {t:?}");
+    assert_eq!(t.code, Some(1), "{t:?}");
+    assert!(
+        t.elapsed < std::time::Duration::from_secs(5),
+        "waited {:?} with --lock-timeout 1",
+        t.elapsed
+    );
+    assert!(
+        t.stderr.contains(&format!("held by pid {}", a.id())) && t.stderr.contains("stopped"),
+        "{}",
+        t.stderr
+    );
+    // The lock dies with its holder: the next snapshot is exact.
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(raw.total()[2], 1110);
+    assert_eq!(r.finish(), 0);
+}
