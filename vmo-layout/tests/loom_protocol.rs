@@ -5,7 +5,11 @@
 //! zero, and never the same address twice — even when the writer recycles the nodes the
 //! reader is scanning.
 //!
-//! The model mirrors the real orderings operation by operation. The clock is an atomic counter
+//! The model mirrors the real orderings operation by operation, in the real order: an insert
+//! chooses its node — checking the lease, with the time of the thread's previous operation —
+//! before its operation window opens (`hooks::insert`, `state::take_node`), then reads its
+//! timestamp and publishes the record inside the window; an erase closes the record inside
+//! the window and recycles the node after it. The clock is an atomic counter
 //! (`fetch_add`, SeqCst): strictly increasing and consistent with the SeqCst order, which is
 //! what `clock::now_ns` plus the reader's spin past T provide on hardware.
 
@@ -20,6 +24,18 @@ struct Node {
     address: AtomicU64,
     t_alloc: AtomicU64,
     t_free: AtomicU64,
+}
+
+/// `LEASE_NS` of the real writer: a lease older than this is treated as abandoned. The model's
+/// clock never gets that far.
+const LEASE: u64 = 30_000_000_000;
+
+/// The writing thread's own state (`state::Tls`): its dead nodes, oldest first, the fresh nodes
+/// it may still take, and the time of its last operation.
+struct Writer {
+    recycled: Vec<usize>,
+    fresh: Vec<usize>,
+    last_now: u64,
 }
 
 struct Region {
@@ -44,15 +60,17 @@ impl Region {
         let s = self.op_seq.load(Relaxed);
         self.op_seq.store((s | 1) + 1, Release);
     }
-    /// `RegionWriter::node_reusable`.
-    fn reusable(&self, n: usize) -> bool {
+    /// `RegionWriter::node_reusable(n, now)`: `now` is the caller's last timestamp (the real
+    /// writer passes the time of its thread's previous operation, read before this one's
+    /// window opens). There is no fork in the model, so `fork_lease` is always 0.
+    fn reusable(&self, n: usize, now: u64) -> bool {
         let t_free = self.nodes[n].t_free.load(Relaxed);
         let lease = if self.check_lease {
             self.lease.load(SeqCst)
         } else {
             0
         };
-        t_free != NONE && (lease == 0 || t_free < lease)
+        t_free != NONE && (lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE)
     }
     /// `RegionWriter::publish_node`.
     fn publish(&self, n: usize, address: u64, t: u64) {
@@ -63,25 +81,34 @@ impl Region {
         node.t_free.store(NONE, Relaxed);
         node.t_alloc.store(t, Release);
     }
-    /// `hooks::insert`: take a recyclable node (`recycled`, oldest first) or a fresh one.
-    fn insert(&self, address: u64, recycled: &mut Vec<usize>, fresh: &mut Vec<usize>) -> usize {
+    /// `state::take_node`: a recyclable node (`recycled`, oldest first) the lease lets us
+    /// rewrite, else a fresh one.
+    fn take_node(&self, w: &mut Writer) -> usize {
+        match w.recycled.first() {
+            Some(&n) if self.reusable(n, w.last_now) => w.recycled.remove(0),
+            _ => w.fresh.remove(0),
+        }
+    }
+    /// `hooks::insert`, in its order: the node is chosen — with the lease check — before the
+    /// operation window opens (the real writer then captures the stack and updates its private
+    /// index); the timestamp is read and the record published inside the window.
+    fn insert(&self, address: u64, w: &mut Writer) -> usize {
+        let n = self.take_node(w);
         self.op_begin();
         let t = self.now();
-        let n = match recycled.first() {
-            Some(&n) if self.reusable(n) => recycled.remove(0),
-            _ => fresh.remove(0),
-        };
+        w.last_now = t;
         self.publish(n, address, t);
         self.op_end();
         n
     }
-    /// `hooks::erase`.
-    fn erase(&self, n: usize, recycled: &mut Vec<usize>) {
+    /// `hooks::erase`: the record closed inside the window, the node recycled after it.
+    fn erase(&self, n: usize, w: &mut Writer) {
         self.op_begin();
         let t = self.now();
+        w.last_now = t;
         self.nodes[n].t_free.store(t, Release);
         self.op_end();
-        recycled.push(n);
+        w.recycled.push(n);
     }
     /// `Region::snapshot`: the addresses live at T.
     fn snapshot(&self) -> Vec<u64> {
@@ -134,6 +161,13 @@ fn region(check_lease: bool) -> Arc<Region> {
     Arc::new(r)
 }
 
+/// What the snapshot of [`churn_against_a_snapshot`] must not see. The negative control checks
+/// that loom finds the first one without the lease check.
+const LOST: &str = "lost a block: the snapshot saw none";
+const TOO_MANY: &str = "more than two blocks";
+const TWICE: &str = "an address twice";
+const NOT_ADJACENT: &str = "A and C at once";
+
 /// The writer keeps one block by "new B, free A; new C (recycling A's node when allowed),
 /// free B" while a reader snapshots.
 fn churn_against_a_snapshot(check_lease: bool) {
@@ -144,24 +178,29 @@ fn churn_against_a_snapshot(check_lease: bool) {
         let w = {
             let r = r.clone();
             thread::spawn(move || {
-                let (mut recycled, mut fresh) = (Vec::new(), vec![1, 2]);
-                let b = r.insert(0xB, &mut recycled, &mut fresh);
-                r.erase(0, &mut recycled);
-                let _c = r.insert(0xC, &mut recycled, &mut fresh);
-                r.erase(b, &mut recycled);
+                let mut w = Writer {
+                    recycled: Vec::new(),
+                    fresh: vec![1, 2],
+                    last_now: 1,
+                };
+                let b = r.insert(0xB, &mut w);
+                r.erase(0, &mut w);
+                let _c = r.insert(0xC, &mut w);
+                r.erase(b, &mut w);
             })
         };
         let live = r.snapshot();
         w.join().unwrap();
-        assert!(matches!(live.len(), 1 | 2), "snapshot saw {live:x?}");
+        assert!(!live.is_empty(), "{LOST}");
+        assert!(live.len() <= 2, "{TOO_MANY}: {live:x?}");
         let mut d = live.clone();
         d.sort();
         d.dedup();
-        assert_eq!(d.len(), live.len(), "an address twice: {live:x?}");
+        assert_eq!(d.len(), live.len(), "{TWICE}: {live:x?}");
         // Only adjacent generations can be live together.
         assert!(
             !(live.contains(&0xA) && live.contains(&0xC)),
-            "A and C at once: {live:x?}"
+            "{NOT_ADJACENT}: {live:x?}"
         );
     });
 }
@@ -174,10 +213,17 @@ fn snapshot_sees_one_or_two_blocks_while_the_writer_churns_and_recycles() {
 #[test]
 fn without_the_lease_recycling_would_lose_a_block() {
     // Negative control: with recycling that ignores the lease, loom must find a snapshot that
-    // misses a block — proof the check matters and the model can see the race.
+    // misses the live block — proof the check matters and the model can see the race. Any
+    // other failure (another assertion, a loom error) fails this test.
     let r = std::panic::catch_unwind(|| churn_against_a_snapshot(false));
-    assert!(
-        r.is_err(),
-        "loom found no lost block without the lease check"
+    let payload = r.expect_err("loom found no lost block without the lease check");
+    let msg = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("(not a string)");
+    assert_eq!(
+        msg, LOST,
+        "the model failed otherwise than by losing a block"
     );
 }
