@@ -1,6 +1,6 @@
-//! The CFI unwinder walks the same frames as libgcc's unwinder (through the `backtrace`
-//! crate), including through Rust's std and the test harness, which have no frame pointers;
-//! the frame-pointer walk, on the same stack, stops early.
+//! The CFI unwinder walks exactly the frames libgcc's unwinder walks (through the `backtrace`
+//! crate), to the end of the thread's stack, including through Rust's std and glibc's thread
+//! start, which have no frame pointers; the frame-pointer walk, on the same stack, stops early.
 
 use heapdump_instrumentation::{dwarf, frame_pointer, unwind};
 use vmo_layout::v1::MAX_FRAMES;
@@ -40,23 +40,36 @@ fn cfi_walk_matches_libgcc() {
     dwarf::rebuild();
     // A thread of our own, so the stack top is known (not the main thread's).
     let (ours, fp, theirs) = std::thread::spawn(level1).join().unwrap();
-    let start = theirs
-        .iter()
-        .position(|ip| *ip == ours[0])
-        .unwrap_or_else(|| panic!("our first frame {:#x} not in {theirs:#x?}", ours[0]));
-    let common = ours.len().min(theirs.len() - start);
-    assert!(common >= 6, "only {common} frames in common");
-    assert_eq!(
-        ours[..common],
-        theirs[start..start + common],
-        "frames differ"
+    // The two documented differences. At the leaf, libgcc's first frame is the pc inside
+    // `capture` where the trace was taken, while our walk starts from `capture`'s frame
+    // pointer, so our first frame is the return address into `level2`. At the root, libgcc
+    // reports the outermost frame (`clone3`'s caller) with a pc of 0, where our walk stops.
+    assert!(
+        theirs.len() >= 2,
+        "libgcc found {} frames: {theirs:#x?}",
+        theirs.len()
     );
-    // The thread's stack ends in std's thread start code (no frame pointers): the CFI walk
-    // gets there, the frame-pointer walk does not.
+    let mut expected = theirs[1..].to_vec();
+    while expected.last() == Some(&0) {
+        expected.pop();
+    }
+    assert_eq!(
+        ours, expected,
+        "CFI walk (left) against libgcc's frames without its leaf and end marker (right)"
+    );
+    // level2, level1, the thread's closure, std's thread start, start_thread, clone3.
+    assert!(ours.len() >= 6, "{} frames: {ours:#x?}", ours.len());
+    // The thread's stack ends in code without frame pointers (std's thread start, glibc):
+    // the CFI walk gets to its end, the frame-pointer walk does not.
     assert!(
         ours.len() > fp.len(),
         "CFI {} frames, FP {}",
         ours.len(),
         fp.len()
+    );
+    assert_eq!(
+        fp,
+        ours[..fp.len()],
+        "the FP walk is a prefix of the CFI walk"
     );
 }
