@@ -466,3 +466,63 @@ fn constructor_allocations_have_complete_stacks() {
     assert_eq!(through, 1, "the emergency pool's stack reaches _dl_init");
     assert_eq!(r.finish(), 0);
 }
+
+/// B4: regions of processes that are gone (a crash-looping service leaves one per crash in
+/// RAM-backed /dev/shm) are bounded: a new region removes the oldest dead ones beyond
+/// `HEAPDUMP_MAX_DEAD_REGIONS` (default 32); live regions are never touched.
+#[test]
+fn dead_regions_are_bounded() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let exe = compile_c("known_allocs", &[]);
+    for (max, keep) in [(Some("5"), 5usize), (None, 32)] {
+        let dir = region_dir("dead-regions");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        // 40 regions of a pid that does not exist (above pid_max), created at ns 1000..1039.
+        for i in 0..40u64 {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join(format!("4999999-77-{}.heapdump", 1000 + i)))
+                .unwrap();
+        }
+        let mut cmd = Command::new(&exe);
+        if let Some(m) = max {
+            cmd.env("HEAPDUMP_MAX_DEAD_REGIONS", m);
+        }
+        let r = start(cmd, &dir, true);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let dead: Vec<&String> = names.iter().filter(|n| n.starts_with("4999999-")).collect();
+        assert_eq!(dead.len(), keep, "{names:?}");
+        // The newest were kept.
+        assert_eq!(*dead[0], format!("4999999-77-{}.heapdump", 1040 - keep));
+        let mine = format!("{}-", r.pid());
+        assert_eq!(names.iter().filter(|n| n.starts_with(&mine)).count(), 1);
+        assert_eq!(r.finish(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// B4: a program leaving through `quick_exit` (which skips `atexit` handlers) leaves no region
+/// behind, as a clean exit does, and its own `at_quick_exit` handlers still run.
+#[test]
+fn quick_exit_removes_the_region() {
+    let exe = compile_c("quick_exit", &[]);
+    let dir = region_dir("quick-exit");
+    let out = Command::new(&exe)
+        .env("HEAPDUMP_DIR", &dir)
+        .env("LD_PRELOAD", shim())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "at_quick_exit ran\n");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert!(left.is_empty(), "region left after quick_exit: {left:?}");
+}

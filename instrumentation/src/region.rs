@@ -36,7 +36,13 @@ pub struct Settings {
     pub warnings: [u8; WARNINGS_BYTES],
     /// Bytes used in `warnings`.
     pub warnings_len: usize,
+    /// Regions of processes that are gone kept in the directory at most
+    /// (`HEAPDUMP_MAX_DEAD_REGIONS`); older ones are removed when a region is created.
+    pub max_dead_regions: u64,
 }
+
+/// Default of [`Settings::max_dead_regions`].
+pub const DEFAULT_MAX_DEAD_REGIONS: u64 = 32;
 
 /// Longest `HEAPDUMP_DIR` accepted, bytes: room for a private subdirectory and the file name.
 const DIR_MAX: usize = 440;
@@ -75,6 +81,7 @@ pub fn settings() -> Settings {
         dwarf: cfg!(target_arch = "x86_64"),
         warnings: [0; WARNINGS_BYTES],
         warnings_len: 0,
+        max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -149,8 +156,13 @@ pub fn settings() -> Settings {
                     s.caps.threads = x;
                 }
             }
+            b"HEAPDUMP_MAX_DEAD_REGIONS" => {
+                if let Some(x) = sized(&mut s, shown, v, 0, u32::MAX as u64) {
+                    s.max_dead_regions = x;
+                }
+            }
             // Read by the `heapdump` command, not the shim.
-            b"HEAPDUMP_LIB" | b"HEAPDUMP_MAX_DEAD_REGIONS" => {}
+            b"HEAPDUMP_LIB" => {}
             _ if k.starts_with(b"HEAPDUMP_TEST_") => {}
             _ => s.warn(&[
                 &k[..k.len().min(64)],
@@ -272,6 +284,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
     let cmd_len = read_file(b"/proc/self/cmdline\0", &mut cmdline);
 
     remove_stale(dir, pid, ticks);
+    bound_dead_regions(dir, settings.max_dead_regions);
 
     let mut caps = settings.caps;
     // Never reserve more than the file system can hold: touching a page past a full tmpfs
@@ -426,6 +439,80 @@ fn ensure_dir(dir: &mut [u8; 512]) -> bool {
             matches!(check(dir), Some((true, _)))
         }
     }
+}
+
+/// Keeps at most `max` regions of processes that are gone in `dir`, removing the oldest
+/// (by creation time, from the name) first: a service that crash-loops would otherwise leave
+/// one region per crash in RAM-backed `/dev/shm`. A region's process is gone when
+/// `/proc/PID/stat` is missing or shows another start time. Runs once, at start-up, as the
+/// shim's own work (it may allocate).
+fn bound_dead_regions(dir: &[u8; 512], max: u64) {
+    // SAFETY: `dir` is NUL-terminated.
+    let d = unsafe { libc::opendir(dir.as_ptr() as *const libc::c_char) };
+    if d.is_null() {
+        return;
+    }
+    let mut dead: Vec<(u64, std::ffi::CString)> = Vec::new();
+    loop {
+        // SAFETY: `d` is an open directory stream.
+        let e = unsafe { libc::readdir(d) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        let Some((pid, ticks, created)) = parse_region_name(name.to_bytes()) else {
+            continue;
+        };
+        if !alive(pid, ticks) {
+            dead.push((created, name.to_owned()));
+        }
+    }
+    if dead.len() as u64 > max {
+        dead.sort();
+        let extra = dead.len() - max as usize;
+        for (_, name) in &dead[..extra] {
+            // SAFETY: `d` is open; the name is NUL-terminated and relative to it.
+            unsafe { libc::unlinkat(libc::dirfd(d), name.as_ptr(), 0) };
+        }
+    }
+    // SAFETY: `d` is open.
+    unsafe { libc::closedir(d) };
+}
+
+/// `PID-TICKS-NS.heapdump` → (pid, start ticks, creation ns).
+fn parse_region_name(name: &[u8]) -> Option<(u64, u64, u64)> {
+    let stem = name.strip_suffix(b".heapdump")?;
+    let mut it = stem.split(|b| *b == b'-');
+    let r = (
+        parse_size(it.next()?)?,
+        parse_size(it.next()?)?,
+        parse_size(it.next()?)?,
+    );
+    it.next().is_none().then_some(r)
+}
+
+/// Whether process `pid` exists and started at `ticks`.
+fn alive(pid: u64, ticks: u64) -> bool {
+    let mut path = [0u8; 40];
+    let mut num = [0u8; 20];
+    let mut c = Cursor::new(&mut path);
+    c.push(b"/proc/");
+    c.push(crate::sys::fmt_u64(pid, &mut num));
+    c.push(b"/stat");
+    let len = c.len + 1;
+    let mut buf = [0u8; 1024];
+    let n = read_file(&path[..len], &mut buf);
+    let stat = &buf[..n];
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else {
+        return false;
+    };
+    stat[close + 1..]
+        .split(|b| *b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(19)
+        .and_then(parse_size)
+        == Some(ticks)
 }
 
 /// Removes regions left by earlier images of this same process (before an `exec`).

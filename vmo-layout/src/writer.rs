@@ -294,10 +294,7 @@ impl RegionWriter {
         // Only what has storage in the parent is read, and only what has storage here is
         // written (`None` when this region's file system cannot hold the copy).
         let limit = |kind: u32, n: u64| n.min(parent.backed_len(kind)).min(self.capacity(kind));
-        let cursor = limit(
-            section::ALLOCATIONS,
-            ph.node_cursor.load(Ordering::Acquire),
-        );
+        let cursor = limit(section::ALLOCATIONS, ph.node_cursor.load(Ordering::Acquire));
         let cap = self.capacity(section::STACK_ENTRIES);
         let stacks = limit(
             section::STACK_ENTRIES,
@@ -585,7 +582,7 @@ impl RegionWriter {
 /// A region is a sparse file in a `MAP_SHARED` mapping: a page gets its storage when first
 /// touched, and when the file system (a tmpfs such as `/dev/shm`, 64 MiB by default in
 /// Docker) has none left, that touch raises `SIGBUS` and kills the program. So each section
-/// grows by chunks (64 KiB at first, then an eighth of what it has, at most 4 MiB) whose pages
+/// grows by chunks (64 KiB at first, then an eighth of what it has, at most 1 MiB) whose pages
 /// are populated with `madvise(MADV_POPULATE_WRITE)` (Linux ≥ 5.14), which reports a full file
 /// system as an error instead of a signal. When that fails the section stops growing, the
 /// header's `recording_flags` gets [`RECORDING_FS_FULL`], and growth is tried again at most
@@ -601,7 +598,7 @@ pub struct Backing {
 }
 
 const BACKING_MIN_CHUNK: u64 = 64 << 10;
-const BACKING_MAX_CHUNK: u64 = 4 << 20;
+const BACKING_MAX_CHUNK: u64 = 1 << 20;
 
 impl Default for Backing {
     fn default() -> Self {

@@ -358,6 +358,26 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
     unreachable_exit()
 }
 
+static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
+
+/// `quick_exit(3)`: removes the region (as a clean exit does: `quick_exit` skips `atexit`
+/// handlers), then runs the program's `at_quick_exit` handlers through glibc's.
+///
+/// # Safety
+/// As `quick_exit(3)`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
+    heapdump_instrumentation::state::exit_cleanup();
+    let f = next_symbol(&REAL_QUICK_EXIT, b"quick_exit\0");
+    if f != 0 {
+        // SAFETY: `f` is glibc's quick_exit, of this signature; it does not return.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_int) -> !>(f)(status) }
+    }
+    // SAFETY: as in `_exit`.
+    unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
+    unreachable_exit()
+}
+
 /// `_Exit(3)`: as `_exit`.
 ///
 /// # Safety
