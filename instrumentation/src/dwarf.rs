@@ -615,26 +615,156 @@ fn unwind(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    //! The rules are checked against an independent oracle: libgcc's own unwinder
+    //! (`_Unwind_Backtrace`, the one C++ exceptions and Rust panics use), which reports for
+    //! each frame its pc, its stack pointer (`_Unwind_GetCFA` of a frame's context is the CFA
+    //! of the frame it called, i.e. this frame's `rsp`) and the value `rbp` had in it. A rule
+    //! computed by this module for a frame's pc, applied to the registers that frame had, must
+    //! give the caller's stack pointer and return address as libgcc reports them, and the
+    //! `rbp` libgcc restored for the caller.
 
-    #[test]
-    fn rules_of_common_rows() {
-        // Exercised end to end by tests/unwind_vs_backtrace.rs; here, the object list.
-        rebuild();
-        // SAFETY: just published, never freed.
-        let objects = unsafe { &*OBJECTS.load(Ordering::Acquire) };
-        let here = rules_of_common_rows as fn() as usize as u64;
-        let o = objects
-            .find(here)
-            .expect("this test's own code is in a known object");
-        assert!(o.lo <= here && here < o.hi);
+    use super::*;
+    use std::ffi::{c_int, c_void};
+
+    extern "C" {
+        fn _Unwind_Backtrace(
+            trace: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+            arg: *mut c_void,
+        ) -> c_int;
+        fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+        fn _Unwind_GetCFA(ctx: *mut c_void) -> usize;
+        fn _Unwind_GetGR(ctx: *mut c_void, index: c_int) -> usize;
+    }
+
+    /// What libgcc reports for one frame.
+    #[derive(Debug, Clone, Copy)]
+    struct Oracle {
+        ip: u64,
+        cfa: u64,
+        rbp: u64,
+    }
+
+    unsafe extern "C" fn collect(ctx: *mut c_void, arg: *mut c_void) -> c_int {
+        // SAFETY: `arg` is the Vec handed to _Unwind_Backtrace below; `ctx` is libgcc's
+        // context for the frame being reported, valid during this call. DWARF register 6 is
+        // rbp on x86-64.
+        unsafe {
+            let out = &mut *(arg as *mut Vec<Oracle>);
+            out.push(Oracle {
+                ip: _Unwind_GetIP(ctx) as u64,
+                cfa: _Unwind_GetCFA(ctx) as u64,
+                rbp: _Unwind_GetGR(ctx, 6) as u64,
+            });
+        }
+        0
+    }
+
+    /// Takes libgcc's view of the current stack and checks the rule of every frame against
+    /// it. Returns how many frames were checked with a CFA based on rsp and on rbp, and whether
+    /// the check went on to libgcc's end of the stack.
+    #[inline(never)]
+    fn check_against_libgcc() -> (usize, usize, bool) {
+        let mut frames: Vec<Oracle> = Vec::with_capacity(64);
+        // SAFETY: `collect` matches the callback signature and gets our Vec.
+        unsafe { _Unwind_Backtrace(collect, &mut frames as *mut Vec<Oracle> as *mut c_void) };
         let c = new_cache();
+        assert!(!c.is_null());
         // SAFETY: fresh cache, used only here.
         let cache = unsafe { &mut *c };
-        let r = cache.rule(objects, here + 1);
-        assert_ne!(r.kind, STOP, "{r:?}");
-        assert_eq!(cache.rule(objects, here + 1), r);
+        // Publish the list we use, as a walk does, so a concurrent rebuild does not free it.
+        let objects = loop {
+            let p = OBJECTS.load(Ordering::SeqCst);
+            cache.in_use.store(p, Ordering::SeqCst);
+            if OBJECTS.load(Ordering::SeqCst) == p {
+                assert!(!p.is_null(), "no object list");
+                // SAFETY: published as in use by our cache: not freed while it stays so.
+                break unsafe { &*p };
+            }
+        };
+        let (mut by_sp, mut by_bp, mut to_the_end) = (0, 0, false);
+        for i in 0..frames.len().saturating_sub(1) {
+            let (f, caller) = (frames[i], frames[i + 1]);
+            if f.ip == 0 {
+                break;
+            }
+            let key = f.ip - 1;
+            assert!(
+                objects.find(key).is_some_and(|o| o.lo <= key && key < o.hi),
+                "frame {i} ({:#x}) in no known object",
+                f.ip
+            );
+            let rule = cache.rule(objects, key);
+            if caller.ip == 0 {
+                // libgcc's end of stack (the thread's first function: its return address is
+                // undefined in the CFI): ours must end there too.
+                assert_eq!(
+                    rule.kind, STOP,
+                    "frame {i} ({:#x}) is the last: {rule:?}",
+                    f.ip
+                );
+                to_the_end = true;
+                break;
+            }
+            let sp = f.cfa;
+            let cfa = match rule.kind {
+                CFA_SP => {
+                    by_sp += 1;
+                    sp
+                }
+                CFA_BP => {
+                    by_bp += 1;
+                    f.rbp
+                }
+                _ => panic!(
+                    "frame {i} ({:#x}): no rule, libgcc unwinds it: {rule:?}",
+                    f.ip
+                ),
+            }
+            .wrapping_add(rule.cfa_offset as i64 as u64);
+            assert_eq!(
+                cfa, caller.cfa,
+                "frame {i} ({:#x}): CFA (the caller's rsp), rule {rule:?}, rsp {sp:#x}",
+                f.ip
+            );
+            // SAFETY: CFA − 8 of a frame of this thread that is still running (this function
+            // or a caller of it), above its stack pointer: mapped stack memory.
+            let ret = unsafe { *((cfa - 8) as *const u64) };
+            assert_eq!(ret, caller.ip, "frame {i} ({:#x}): return address", f.ip);
+            match rule.bp {
+                BP_SAME => assert_eq!(caller.rbp, f.rbp, "frame {i} ({:#x}): rbp kept", f.ip),
+                BP_AT => {
+                    let at = cfa.wrapping_add(rule.bp_offset as i64 as u64);
+                    // SAFETY: a slot of the same live frame (CFA + a small negative offset).
+                    let saved = unsafe { *(at as *const u64) };
+                    assert_eq!(saved, caller.rbp, "frame {i} ({:#x}): saved rbp", f.ip);
+                }
+                _ => {}
+            }
+        }
         // SAFETY: from new_cache, not used again.
         unsafe { free_cache(c) };
+        (by_sp, by_bp, to_the_end)
+    }
+
+    #[inline(never)]
+    fn nested(depth: u32) -> (usize, usize, bool) {
+        if depth == 0 {
+            check_against_libgcc()
+        } else {
+            std::hint::black_box(nested(std::hint::black_box(depth - 1)))
+        }
+    }
+
+    #[test]
+    fn rules_agree_with_libgcc() {
+        rebuild();
+        // A thread of our own: its stack runs through this test's code (frame pointers),
+        // std's thread start (none) and glibc's start_thread and clone3, to the stack's end.
+        let (by_sp, by_bp, to_the_end) = std::thread::spawn(|| nested(5)).join().unwrap();
+        assert!(to_the_end, "libgcc's stack has no end (a frame with pc 0)");
+        // check_against_libgcc and the six `nested` frames keep frame pointers; std's thread
+        // start does not.
+        assert!(by_bp >= 7, "{by_bp} frames with an rbp-based CFA checked");
+        assert!(by_sp >= 1, "{by_sp} frames with an rsp-based CFA checked");
     }
 }
