@@ -41,8 +41,12 @@ fn record(p: *mut u8, size: usize) {
 /// static ALLOC: HeapdumpAlloc = HeapdumpAlloc::system();
 /// ```
 ///
-/// Stacks are taken by frame-pointer walk: build the program with
-/// `RUSTFLAGS="-C force-frame-pointers=yes"` for complete stacks.
+/// Stacks are unwound by CFI (`.eh_frame`) from this allocator's own registers: the program
+/// and its dependencies need no frame pointers (`HEAPDUMP_UNWIND=fp` walks frame pointers
+/// only, cheaper and complete only where every frame keeps one). A signal handler's
+/// allocations made while its thread is inside this allocator are recorded when the
+/// interrupted call ends; their frees are recorded then too, but the block is returned to `A`
+/// at once (a `GlobalAlloc` free cannot be postponed without its layout).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HeapdumpAlloc<A = System> {
     inner: A,

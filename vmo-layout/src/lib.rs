@@ -5,7 +5,7 @@
 //! - [`writer`]: lays out a region and performs inserts/erases (used inside `malloc`: no
 //!   allocation, no locks, no system calls);
 //! - [`reader`]: validates a region as hostile input and takes point-in-time snapshots;
-//! - [`clock`]: the fenced `CLOCK_MONOTONIC` both sides order their operations by.
+//! - [`clock`]: the region's clock (`CLOCK_MONOTONIC_COARSE`, ns) both sides order their operations by.
 //!
 //! The region format, the insert/erase/snapshot protocol and the argument for its consistency
 //! are described in `ARCHITECTURE.md` at the root of the repository.

@@ -67,7 +67,7 @@ pub struct RegionInfo {
     pub start_ticks: u64,
     /// Region creation time, ns since the Unix epoch.
     pub created_realtime_ns: u64,
-    /// Region creation time, `CLOCK_MONOTONIC` ns.
+    /// Region creation time, region-clock ns (`CLOCK_MONOTONIC_COARSE`).
     pub created_monotonic_ns: u64,
     /// Device of the executable.
     pub exe_dev: u64,
@@ -135,7 +135,7 @@ pub struct Block {
     pub address: u64,
     /// Requested size in bytes.
     pub size: u64,
-    /// Allocation time, `CLOCK_MONOTONIC` ns.
+    /// Allocation time, region-clock ns (`CLOCK_MONOTONIC_COARSE`, tick resolution).
     pub t_alloc: u64,
     /// Stack id (`u32::MAX`: none).
     pub stack: u32,
@@ -181,7 +181,7 @@ pub struct SnapshotOptions {
 /// What a snapshot reports besides its blocks.
 #[derive(Debug, Clone, Default)]
 pub struct SnapshotMeta {
-    /// Snapshot time `T`, `CLOCK_MONOTONIC` ns (`u64::MAX - 1` for an exited process).
+    /// Snapshot time `T`, region-clock ns (`u64::MAX - 1` for an exited process).
     pub time_ns: u64,
     /// Live blocks visited.
     pub blocks: u64,

@@ -115,7 +115,8 @@ pub struct HeaderV1 {
     pub start_ticks: u64,
     /// `CLOCK_REALTIME` when the region was created (ns since the Unix epoch).
     pub created_realtime_ns: u64,
-    /// `CLOCK_MONOTONIC` when the region was created (ns); all other times use this clock.
+    /// The region's clock (`CLOCK_MONOTONIC_COARSE`, ns; see `clock::now_ns`) when the region
+    /// was created; all other times use this clock.
     pub created_monotonic_ns: u64,
     /// Device and inode of `/proc/self/exe` at creation (tells images of one pid apart).
     pub exe_dev: u64,
@@ -129,9 +130,9 @@ pub struct HeaderV1 {
     /// recorded. Set by the writer, never cleared.
     pub recording_flags: AtomicU32,
     _pad0: [u8; 128 - 96],
-    /// Reader lease: `CLOCK_MONOTONIC` ns at which a reader started, 0 when none.
+    /// Reader lease: region-clock ns at which a reader started, 0 when none.
     pub lease: AtomicU64,
-    /// Fork lease: `CLOCK_MONOTONIC` ns of a `fork` whose child is still copying the blocks it
+    /// Fork lease: region-clock ns of a `fork` whose child is still copying the blocks it
     /// inherited from this region; 0 when none. Writers treat it like `lease`.
     pub fork_lease: AtomicU64,
     _pad1: [u8; 48],
@@ -207,9 +208,9 @@ pub struct NodeV1 {
     pub address: AtomicU64,
     /// Requested size in bytes.
     pub size: AtomicU64,
-    /// `CLOCK_MONOTONIC` ns of the allocation.
+    /// Region-clock ns (`CLOCK_MONOTONIC_COARSE`) of the allocation.
     pub t_alloc: AtomicU64,
-    /// `CLOCK_MONOTONIC` ns of the free, [`TIME_NONE`] while live.
+    /// Region-clock ns of the free, [`TIME_NONE`] while live.
     pub t_free: AtomicU64,
     /// Stack entry id (index into STACK_ENTRIES), `u32::MAX` when none was recorded.
     pub stack: AtomicU32,
