@@ -57,8 +57,80 @@ pub fn parse_name(name: &str) -> Option<(u32, u64, u64)> {
     it.next().is_none().then_some(r)
 }
 
+/// Checks that the region directory `dir` can be trusted, as the shim requires of the
+/// directory it writes to: a directory (not a symlink to one), owned by the effective uid or
+/// by root (any owner when the collector runs as root), writable by no one else (no group or
+/// other write permission: the shim creates it 0700), in a parent directory owned by the
+/// effective uid or root and writable by others only if sticky. Otherwise anyone could plant
+/// files in it — a FIFO, a crafted region — or replace the ones there.
+///
+/// Returns `Ok(false)` when `dir` does not exist. Errors: any other problem, with the fix.
+pub fn check_dir(dir: &Path) -> Result<bool> {
+    let md = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot stat {}", dir.display())),
+    };
+    if md.file_type().is_symlink() {
+        bail!(
+            "region directory {} is a symlink; refusing to follow it (set HEAPDUMP_DIR to the real directory)",
+            dir.display()
+        );
+    }
+    if !md.is_dir() {
+        bail!("region directory {} is not a directory", dir.display());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 && md.uid() != euid && md.uid() != 0 {
+        bail!(
+            "region directory {} is owned by uid {}, not by you (uid {euid}); refusing to trust it",
+            dir.display(),
+            md.uid()
+        );
+    }
+    if md.mode() & 0o022 != 0 {
+        bail!(
+            "region directory {} is writable by other users (mode {:o}); refusing to trust it \
+             (the shim creates it with mode 700: `chmod 700 {}`, or set HEAPDUMP_DIR)",
+            dir.display(),
+            md.mode() & 0o7777,
+            dir.display()
+        );
+    }
+    // Whoever may rename entries of the parent can swap the directory itself (e.g. a
+    // `heapdump-UID` subdirectory another user created in a shared directory): the parent
+    // must be ours or root's, and others may write to it only if it is sticky (as /dev/shm,
+    // /tmp).
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let pm =
+        std::fs::metadata(parent).with_context(|| format!("cannot stat {}", parent.display()))?;
+    let owner_ok = euid == 0 || pm.uid() == euid || pm.uid() == 0;
+    let sticky = pm.mode() & libc::S_ISVTX != 0;
+    if !owner_ok || (pm.mode() & 0o022 != 0 && !sticky) {
+        bail!(
+            "region directory {} is in {} (owner uid {}, mode {:o}), which other users may \
+             write to: they could replace it; refusing to trust it (set HEAPDUMP_DIR to a \
+             private directory)",
+            dir.display(),
+            parent.display(),
+            pm.uid(),
+            pm.mode() & 0o7777
+        );
+    }
+    Ok(true)
+}
+
 /// Region files in `dir`, oldest first; an absent directory is an empty list.
+///
+/// Errors: the directory fails [`check_dir`], or cannot be read.
 pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
+    if !check_dir(dir)? {
+        return Ok(Vec::new());
+    }
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -109,12 +181,16 @@ impl Opened {
 
 /// Opens and maps a region file, refusing symlinks, non-regular files, files owned by someone
 /// else (unless we are root) and files others can read.
+///
+/// The file is opened with `O_NOFOLLOW | O_NONBLOCK` and checked with `fstat` before anything
+/// reads it: a FIFO or device planted under a region's name is refused at once instead of
+/// blocking the open (or the first read) forever.
 pub fn open(path: &Path) -> Result<Opened> {
     let open = |write: bool| {
         std::fs::OpenOptions::new()
             .read(true)
             .write(write)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
     };
     let (file, writable) = match open(true) {
@@ -143,7 +219,11 @@ pub fn open(path: &Path) -> Result<Opened> {
         .metadata()
         .with_context(|| format!("cannot stat {}", path.display()))?;
     if !md.file_type().is_file() {
-        bail!("{}: not a regular file", path.display());
+        bail!(
+            "{}: not a regular file ({}); refusing to read it as a region",
+            path.display(),
+            file_kind(&md)
+        );
     }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
@@ -179,6 +259,41 @@ pub fn open(path: &Path) -> Result<Opened> {
         map,
         writable,
     })
+}
+
+/// "FIFO", "directory", … for a message.
+pub fn file_kind(md: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = md.file_type();
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Whether `path` names a regular file, checked without blocking and without reading it:
+/// opened with `O_NONBLOCK` (a FIFO does not wait for a writer) and `fstat`ed. Symlinks are
+/// followed (shared libraries are commonly reached through one, e.g. `libstdc++.so.6`); what
+/// they lead to must be a regular file.
+///
+/// Returns `Ok(None)` for a regular file, `Ok(Some(kind))` ("a FIFO", …) otherwise. Errors:
+/// it cannot be opened (absent, no permission).
+pub fn non_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)?;
+    let md = f.metadata()?;
+    Ok((!md.is_file()).then(|| file_kind(&md)))
 }
 
 /// What became of the process that wrote a region.

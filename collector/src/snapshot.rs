@@ -117,6 +117,21 @@ pub fn collect(
     for &(s, _, _) in inuse.keys() {
         want(s, &mut stacks);
     }
+    // Symbolization opens the module files: a module path that is not a regular file (a FIFO
+    // would block the open forever) is marked so that it is left alone, with a warning.
+    let mut modules = region.modules();
+    for m in &mut modules {
+        if !m.path.starts_with('/') {
+            continue;
+        }
+        if let Ok(Some(kind)) = crate::regions::non_regular(std::path::Path::new(&m.path)) {
+            meta.warnings.push(format!(
+                "module {} is {kind}, not a regular file: not symbolized",
+                m.path
+            ));
+            m.path = format!("[not a regular file] {}", m.path);
+        }
+    }
     Ok(Collected {
         info,
         alive: liveness == Liveness::Alive,
@@ -127,7 +142,7 @@ pub fn collect(
         inuse,
         blocks,
         threads: region.threads(),
-        modules: region.modules(),
+        modules,
     })
 }
 

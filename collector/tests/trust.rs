@@ -1033,3 +1033,136 @@ fn stopped_collector_lock_times_out_and_is_named() {
     assert_eq!(raw.total()[2], 1110);
     assert_eq!(r.finish(), 0);
 }
+
+/// Makes a FIFO at `path` with `mode`.
+fn mkfifo(path: &std::path::Path, mode: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), mode) }, 0, "mkfifo");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// C2: the collector checks the region directory's owner and mode, and a FIFO planted in the
+/// directory, passed as --region or named as a module path never makes `list`, `gc` or
+/// `snapshot` hang.
+#[test]
+fn fifos_and_untrusted_directories_never_hang_the_collector() {
+    let limit = std::time::Duration::from_secs(20);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // A FIFO its owner cannot write: opening it for reading only waits for a writer. As root
+    // (who may open anything read-write), the collector runs as `nobody` to meet that case.
+    let dir = region_dir("fifo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let fifo = dir.join("999999-1-1.heapdump");
+    mkfifo(&fifo, 0o400);
+    if root {
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        std::os::unix::fs::chown(&fifo, Some(65534), Some(65534)).unwrap();
+    }
+    let collector = |args: &[&str]| {
+        let mut c = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(heapdump());
+            c
+        } else {
+            Command::new(heapdump())
+        };
+        c.args(args).env("HEAPDUMP_DIR", &dir);
+        run_timeout(&mut c, limit)
+    };
+    let t = collector(&["list", "--json"]);
+    assert!(!t.timed_out, "list hung on a FIFO in the region directory");
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(t.stdout.contains("a FIFO"), "{}", t.stdout);
+    let never = std::env::temp_dir().join("heapdump-never.pb.gz");
+    for args in [
+        vec![
+            "snapshot",
+            "--by-pid",
+            "999999",
+            "-o",
+            never.to_str().unwrap(),
+        ],
+        vec![
+            "snapshot",
+            "--region",
+            fifo.to_str().unwrap(),
+            "-o",
+            never.to_str().unwrap(),
+        ],
+    ] {
+        let t = collector(&args);
+        assert!(!t.timed_out, "{args:?} hung on a FIFO");
+        assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+        assert!(t.stderr.contains("not a regular file"), "{}", t.stderr);
+    }
+    let t = collector(&["gc"]);
+    assert!(!t.timed_out, "gc hung on a FIFO");
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(!fifo.exists(), "gc removes what cannot be read as a region");
+    assert!(!never.exists());
+
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A region directory others may write to, or in a directory others may write to, is
+    // refused by every command that reads it. Here the region directory is shared (mode 777)
+    // so the collector looks in its `heapdump-UID` subdirectory, as the shim would, and
+    // someone else made that first.
+    let shared = region_dir("shared");
+    // SAFETY: getuid has no preconditions.
+    let sub = shared.join(format!("heapdump-{}", unsafe { libc::getuid() }));
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (mode, msg) in [
+        (0o777, "writable by other users (mode 777)"),
+        (0o700, "which other users may write to"),
+    ] {
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(mode)).unwrap();
+        for args in [
+            vec!["list"],
+            vec!["gc", "--dry-run"],
+            vec!["snapshot", "--by-pid", "1", "-o", never.to_str().unwrap()],
+        ] {
+            let t = heapdump_timeout(&shared, &args, limit);
+            assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+            assert!(t.stderr.contains(msg), "{args:?}: {}", t.stderr);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&shared);
+
+    // A module path that became a FIFO: the snapshot warns and leaves it unsymbolized.
+    let dir = region_dir("fifo-module");
+    let exe_dir = dir.with_extension("bin");
+    std::fs::create_dir_all(&exe_dir).unwrap();
+    let exe = exe_dir.join("known_allocs_fifo");
+    std::fs::copy(compile_c("known_allocs", &[]), &exe).unwrap();
+    let mut cmd = Command::new(&exe);
+    cmd.arg("leak").env("HEAPDUMP_KEEP", "1");
+    let r = start(cmd, &dir, true);
+    let pid = r.pid().to_string();
+    assert_eq!(r.finish(), 0);
+    std::fs::remove_file(&exe).unwrap();
+    mkfifo(&exe, 0o600);
+    let out = dir.with_extension("fifo.pb.gz");
+    let t = heapdump_timeout(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+        limit,
+    );
+    assert!(
+        !t.timed_out,
+        "snapshot hung on a module path that is a FIFO"
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(
+        t.stderr
+            .contains(&format!("module {} is a FIFO", exe.display())),
+        "{}",
+        t.stderr
+    );
+    assert_eq!(pprof_raw(&out).total()[2], 1110);
+    let _ = std::fs::remove_dir_all(&exe_dir);
+}
