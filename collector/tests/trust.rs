@@ -664,23 +664,40 @@ impl MemoryCgroup {
                     .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
         });
         if let Some(root) = v2_root {
-            // Children get the memory controller only if the parent delegates it.
+            // The new group is made beside this process's own group, whose parent already
+            // delegates the memory controller when this process has it: a group holding
+            // processes cannot delegate controllers to children ("no internal processes"),
+            // only the root can. At the root, the controller is delegated if it is not yet.
+            let own = std::fs::read_to_string("/proc/self/cgroup")
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+                .unwrap_or_else(|| "/".to_owned());
+            let own_dir = root.join(own.trim_start_matches('/'));
+            let has_memory = |d: &Path| {
+                std::fs::read_to_string(d.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+            };
+            let parent = match own_dir.parent() {
+                Some(p) if own != "/" && p.starts_with(root) && has_memory(&own_dir) => p,
+                _ => root,
+            };
             let sub =
-                std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+                std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
             if !sub.split_whitespace().any(|x| x == "memory") {
-                std::fs::write(root.join("cgroup.subtree_control"), "+memory").map_err(|e| {
+                std::fs::write(parent.join("cgroup.subtree_control"), "+memory").map_err(|e| {
                     format!(
-                        "cgroup v2 at {}: cannot enable the memory controller for children: {e}",
-                        root.display()
+                        "cgroup v2 at {}: cannot delegate the memory controller: {e}",
+                        parent.display()
                     )
                 })?;
             }
-            let dir = root.join(&name);
+            let dir = parent.join(&name);
             std::fs::create_dir(&dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             let cg = MemoryCgroup { dir };
             std::fs::write(cg.dir.join("memory.max"), limit.to_string())
-                .map_err(|e| format!("cannot set memory.max: {e}"))?;
+                .map_err(|e| format!("cannot set {}/memory.max: {e}", cg.dir.display()))?;
             let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
             return Ok(cg);
         }
