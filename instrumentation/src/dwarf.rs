@@ -223,9 +223,11 @@ fn loader_counts() -> (u64, u64) {
 /// loaded since the list was built (call [`rebuild`], where allocating is allowed, and walk
 /// again). Clears the cache's rules for those addresses so that the next walk looks again.
 pub fn take_stale(cache: &mut Cache) -> bool {
-    if !std::mem::replace(&mut cache.missed, false) {
+    // Read first: most walks find nothing new, and a store would dirty the line every time.
+    if !cache.missed {
         return false;
     }
+    cache.missed = false;
     let used = cache.in_use.load(Ordering::Acquire);
     if used.is_null() {
         return false;

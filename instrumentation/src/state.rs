@@ -63,7 +63,11 @@ const GUARD_INTERNAL: u8 = 2;
 
 /// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
 /// unrecorded, and signals are blocked so that no handler's allocation is mistaken for one.
+/// errno is kept: this work's failing system calls (`mkdir` of an existing directory, …) must
+/// not show through `malloc` or `free`.
 fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
+    // SAFETY: __errno_location returns this thread's errno.
+    let saved_errno = unsafe { *libc::__errno_location() };
     // SAFETY: a sigset filled by sigfillset; pthread_sigmask only changes this thread's mask,
     // restored below.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -76,8 +80,11 @@ fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
     let outer = t.guard.replace(GUARD_INTERNAL);
     let r = f();
     t.guard.set(outer);
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    // SAFETY: restores the mask saved above, then errno.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        *libc::__errno_location() = saved_errno;
+    }
     r
 }
 

@@ -47,16 +47,14 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 #[cfg_attr(not(test), no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
-    // glibc >= 2.33 keeps errno across free (POSIX.1-2024 requires it); so must we, whatever
-    // the recording does.
-    let saved = errno();
+    // glibc >= 2.33 keeps errno across free (POSIX.1-2024 requires it); so does the recording:
+    // its own work that may fail a system call (start-up, thread registration) restores errno.
     // A signal handler that interrupted this thread's recording: the shim frees the block
     // when the interrupted operation ends, after closing its record.
     if !record_free_deferrable(ptr as *mut u8) {
         // SAFETY: forwarding to glibc with the caller's argument.
         unsafe { __libc_free(ptr) };
     }
-    set_errno(saved);
 }
 
 /// `calloc(3)`.
@@ -394,11 +392,6 @@ fn unreachable_exit() -> ! {
         // SAFETY: only reached if exit_group returned, which it does not.
         unsafe { libc::syscall(libc::SYS_exit_group, 127 as libc::c_long) };
     }
-}
-
-fn errno() -> c_int {
-    // SAFETY: __errno_location returns this thread's errno.
-    unsafe { *libc::__errno_location() }
 }
 
 fn set_errno(v: c_int) {
