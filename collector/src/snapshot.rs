@@ -70,10 +70,20 @@ pub fn collect(
     let interval = region.info().sample_interval;
     let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
     let mut blocks = with_blocks.then(Vec::new);
+    let (lease_pid, lease_start_ticks) = if live {
+        lease::identity(region.info().pid)
+    } else {
+        (0, 0)
+    };
+    // SIGTERM, SIGINT and SIGHUP release the lease before the collector dies (SIGKILL cannot:
+    // writers then find the holder dead, see `RegionWriter::lease_holder_gone`).
+    let _release = live.then(|| region.lease_word().map(lease::Guard::arm));
     let mut meta = region.snapshot(
         &SnapshotOptions {
             live,
             wait_timeout: Duration::from_millis(200),
+            lease_pid,
+            lease_start_ticks,
         },
         |b| {
             if let Some(d) = pause.take() {
@@ -88,6 +98,7 @@ pub fn collect(
             }
         },
     );
+    drop(_release);
     let time_realtime_ns = vmo_layout::clock::realtime_ns();
     if live {
         // SAFETY: as above.
@@ -249,4 +260,85 @@ fn lock_holder(opened: &Opened) -> String {
         .map(describe)
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The collector's side of the lease's lifetime: who holds it, and releasing it on a
+/// terminating signal.
+mod lease {
+    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+    /// The identity stored with the lease for the writer whose pid is `target_pid`: this
+    /// process's pid and start ticks when both run in the same pid namespace (the writer
+    /// checks the pid with `kill(pid, 0)` and `/proc/PID/stat`), else `(0, 0)`: unknown, the
+    /// lease then only expires after `LEASE_NS`.
+    pub fn identity(target_pid: u32) -> (u32, u64) {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let mine = ns("/proc/self/ns/pid");
+        if mine.is_none() || mine != ns(&format!("/proc/{target_pid}/ns/pid")) {
+            return (0, 0);
+        }
+        let pid = std::process::id();
+        match crate::regions::proc_start_ticks(pid) {
+            Some(t) => (pid, t),
+            None => (0, 0),
+        }
+    }
+
+    /// The lease word of the region being snapshotted, null when no lease is held.
+    static LEASE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+    /// Signals that release the lease before the collector dies of them.
+    const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        let p = LEASE.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !p.is_null() {
+            // SAFETY: `p` points into the region mapping, which outlives the `Guard` that
+            // published it (the guard clears LEASE before the mapping can go); an atomic store
+            // is async-signal-safe. We hold the region's flock: the lease is ours.
+            unsafe { (*p).store(0, Ordering::SeqCst) };
+        }
+        // Die of the signal as if no handler had been installed.
+        // SAFETY: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+
+    /// While alive, a terminating signal clears the lease first.
+    pub struct Guard(());
+
+    impl Guard {
+        /// Publishes `lease` to the signal handler and installs it for SIGTERM, SIGINT and
+        /// SIGHUP (signals already ignored stay ignored).
+        pub fn arm(lease: &AtomicU64) -> Guard {
+            LEASE.store(
+                lease as *const AtomicU64 as *mut AtomicU64,
+                Ordering::SeqCst,
+            );
+            for sig in SIGNALS {
+                // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old);
+                    if old.sa_sigaction == libc::SIG_IGN {
+                        continue;
+                    }
+                    let mut sa: libc::sigaction = std::mem::zeroed();
+                    sa.sa_sigaction = on_signal as *const () as usize;
+                    libc::sigemptyset(&mut sa.sa_mask);
+                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                }
+            }
+            Guard(())
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            // The snapshot has cleared the lease itself; from here a signal just kills us.
+            LEASE.store(std::ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
 }

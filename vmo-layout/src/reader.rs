@@ -170,12 +170,19 @@ pub struct Module {
 }
 
 /// How to take a snapshot.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SnapshotOptions {
     /// The writer is running: use the lease and wait for in-flight operations.
     pub live: bool,
-    /// Longest wait for one thread's in-flight operation.
+    /// Longest total wait for in-flight operations, over all thread slots.
     pub wait_timeout: Duration,
+    /// Pid of the process taking the snapshot as the writer sees it, stored with the lease
+    /// ([`HeaderV1::lease_pid`]) so that writers can free the lease if this process dies; 0
+    /// when unknown (e.g. another pid namespace).
+    pub lease_pid: u32,
+    /// Start time of that process in clock ticks since boot (`/proc/self/stat` field 22), 0
+    /// when unknown.
+    pub lease_start_ticks: u64,
 }
 
 /// What a snapshot reports besides its blocks.
@@ -380,7 +387,23 @@ impl<'a> Region<'a> {
         let mut meta = SnapshotMeta::default();
         let live = opts.live && self.writable;
         let t = if live {
-            h.lease.store(now_ns(), Ordering::SeqCst);
+            // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
+            // the last one stored (at most a tick, and only right after another snapshot).
+            // Bounded: a crafted value in the future is not waited for (20 ms at most).
+            let last = h.lease_last.load(Ordering::SeqCst);
+            for _ in 0..100 {
+                if now_ns() > last {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let lease = now_ns();
+            h.lease_last.store(lease, Ordering::SeqCst);
+            // Who holds the lease, stored before it (writers read it after the lease).
+            h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
+            h.lease_start_ticks
+                .store(opts.lease_start_ticks, Ordering::SeqCst);
+            h.lease.store(lease, Ordering::SeqCst);
             let t = now_ns();
             // Every clock reading taken after this loop is strictly greater than T. The clock
             // ticks every 1–4 ms: sleep rather than spin.
@@ -466,6 +489,13 @@ impl<'a> Region<'a> {
             }
         }
         meta
+    }
+
+    /// The lease word of a writable region (for a signal handler of the collector that must
+    /// release the lease before the process dies: storing 0 is async-signal-safe); `None` for
+    /// a read-only region.
+    pub fn lease_word(&self) -> Option<&AtomicU64> {
+        self.writable.then(|| &self.header().lease)
     }
 
     /// Number of stack entries recorded.

@@ -43,6 +43,9 @@ pub const STRIPES: usize = 4;
 pub const TIME_NONE: u64 = u64::MAX;
 /// A reader lease older than this (ns) is considered abandoned by writers.
 pub const LEASE_NS: u64 = 30_000_000_000;
+/// A writer blocked by a lease checks whether the lease's holder ([`HeaderV1::lease_pid`]) is
+/// still alive at most this often (ns), per process.
+pub const LEASE_CHECK_NS: u64 = 5_000_000;
 /// Bytes reserved for the executable path and for the command line in the header.
 pub const PATH_BYTES: usize = 1024;
 /// Most PT_LOAD segments recorded per module.
@@ -135,7 +138,20 @@ pub struct HeaderV1 {
     /// Fork lease: region-clock ns of a `fork` whose child is still copying the blocks it
     /// inherited from this region; 0 when none. Writers treat it like `lease`.
     pub fork_lease: AtomicU64,
-    _pad1: [u8; 48],
+    /// Pid of the collector holding `lease`, as the writer sees it (same pid namespace), or 0
+    /// when unknown (then only the [`LEASE_NS`] expiry frees the lease). Stored before the
+    /// lease; writers that find the lease blocking them check, at most every
+    /// [`LEASE_CHECK_NS`], whether this process is still alive, and clear a dead one's lease.
+    pub lease_pid: AtomicU32,
+    _pad1a: u32,
+    /// Start time (clock ticks since boot, `/proc/PID/stat` field 22) of the collector holding
+    /// `lease`, so that a reused pid is not taken for the collector; 0 when unknown.
+    pub lease_start_ticks: AtomicU64,
+    /// The last lease value any collector stored (never cleared). A collector waits until the
+    /// clock has passed it before storing its own lease, so lease values only grow and a
+    /// writer clearing a dead collector's lease (compare-exchange) never clears a later one.
+    pub lease_last: AtomicU64,
+    _pad1: [u8; 24],
     /// Nodes of ALLOCATIONS handed out so far (bump cursor, multiples of a batch).
     pub node_cursor: AtomicU64,
     _pad2: [u8; 56],
@@ -169,6 +185,9 @@ pub struct HeaderV1 {
 const _: () = assert!(size_of::<HeaderV1>() == HEADER_SIZE);
 const _: () = assert!(offset_of!(HeaderV1, state) == 88);
 const _: () = assert!(offset_of!(HeaderV1, lease) == 128);
+const _: () = assert!(offset_of!(HeaderV1, lease_pid) == 144);
+const _: () = assert!(offset_of!(HeaderV1, lease_start_ticks) == 152);
+const _: () = assert!(offset_of!(HeaderV1, lease_last) == 160);
 const _: () = assert!(offset_of!(HeaderV1, node_cursor) == 192);
 const _: () = assert!(offset_of!(HeaderV1, stack_count) == 256);
 const _: () = assert!(offset_of!(HeaderV1, thread_count) == 320);

@@ -253,11 +253,62 @@ impl RegionWriter {
 
     /// Whether dead node `index` may be rewritten now (`now` = the caller's timestamp, ns):
     /// true unless a reader that started before the node died may still be copying.
+    ///
+    /// The common case is two loads of the header. Only when the reader lease blocks the
+    /// rewrite does [`Self::lease_holder_gone`] check, at most every [`LEASE_CHECK_NS`] per
+    /// process, whether the collector holding it is still alive (a collector killed with
+    /// SIGKILL cannot clear its lease), and clear the lease of a dead one.
+    #[inline]
     pub fn node_reusable(&self, index: u32, now: u64) -> bool {
         let t_free = self.node(index).t_free.load(Ordering::Relaxed);
         let h = self.header();
         let ok = |lease: u64| lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS;
-        ok(h.lease.load(Ordering::SeqCst)) && ok(h.fork_lease.load(Ordering::SeqCst))
+        let lease = h.lease.load(Ordering::SeqCst);
+        if !ok(h.fork_lease.load(Ordering::SeqCst)) {
+            return false;
+        }
+        ok(lease) || self.lease_holder_gone(lease, now)
+    }
+
+    /// Called when `lease` (as just loaded) blocks a rewrite: whether its holder is known to
+    /// be dead, in which case the lease is cleared (compare-exchange from `lease` to 0, so a
+    /// newer collector's lease is never touched) and true returned.
+    ///
+    /// Rate-limited to one check per [`LEASE_CHECK_NS`] per process (a timestamp in an
+    /// atomic; other threads meanwhile get false at once). The check: `kill(pid, 0)` fails with
+    /// ESRCH, or `/proc/PID/stat` shows another start time than the one the collector recorded
+    /// (a reused pid). A holder that cannot be checked (pid 0: another pid namespace) counts as
+    /// alive; [`LEASE_NS`] still bounds its lease. System calls are made directly (no libc
+    /// wrapper a program could interpose) and `errno` is preserved.
+    #[cold]
+    #[inline(never)]
+    pub fn lease_holder_gone(&self, lease: u64, now: u64) -> bool {
+        static LAST_CHECK: AtomicU64 = AtomicU64::new(0);
+        let last = LAST_CHECK.load(Ordering::Relaxed);
+        if now < last.saturating_add(LEASE_CHECK_NS)
+            || LAST_CHECK
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        let h = self.header();
+        let pid = h.lease_pid.load(Ordering::SeqCst);
+        let ticks = h.lease_start_ticks.load(Ordering::SeqCst);
+        if pid == 0 || pid > i32::MAX as u32 {
+            return false;
+        }
+        let saved = errno();
+        let gone = !process_alive(pid, ticks);
+        set_errno(saved);
+        // The identity was stored before the lease, and read after it: it is the identity of
+        // the collector that stored `lease`, or of a later one (whose lease differs from
+        // `lease`: readers never store the same lease value twice), so the exchange below
+        // fails unless `lease` is still the dead collector's.
+        gone && h
+            .lease
+            .compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
     }
 
     /// The capacities this region was laid out with.
@@ -709,6 +760,91 @@ impl Backing {
         // size is a multiple of the page size).
         unsafe { Self::populate(w.base.add(lo as usize), (hi - lo) as usize) }
     }
+}
+
+/// Whether process `pid` exists and, when `start_ticks` is not 0, started at `start_ticks`
+/// (field 22 of `/proc/PID/stat`). Raw system calls only; anything uncertain counts as alive.
+fn process_alive(pid: u32, start_ticks: u64) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let r = unsafe { libc::syscall(libc::SYS_kill, pid as libc::c_long, 0 as libc::c_long) };
+    if r != 0 {
+        return errno() != libc::ESRCH;
+    }
+    if start_ticks == 0 {
+        return true;
+    }
+    let mut path = [0u8; 32];
+    let mut n = 0;
+    for &b in b"/proc/" {
+        path[n] = b;
+        n += 1;
+    }
+    let mut digits = [0u8; 10];
+    let (mut v, mut k) = (pid, 0);
+    loop {
+        digits[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    while k > 0 {
+        k -= 1;
+        path[n] = digits[k];
+        n += 1;
+    }
+    for &b in b"/stat" {
+        path[n] = b;
+        n += 1;
+    }
+    // SAFETY: `path` is NUL-terminated (zero-initialized, at most 6 + 10 + 5 bytes written).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD as libc::c_long,
+            path.as_ptr(),
+            (libc::O_RDONLY | libc::O_CLOEXEC) as libc::c_long,
+        )
+    };
+    if fd < 0 {
+        return errno() != libc::ENOENT;
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: reading into our own buffer from the descriptor just opened, then closing it.
+    let len = unsafe {
+        let len = libc::syscall(
+            libc::SYS_read,
+            fd,
+            buf.as_mut_ptr(),
+            buf.len() as libc::c_long,
+        );
+        libc::syscall(libc::SYS_close, fd);
+        len
+    };
+    if len <= 0 {
+        return true;
+    }
+    let text = &buf[..len as usize];
+    // Fields after the command name, which ends at the last ')': state is field 3, start
+    // time field 22, i.e. the 20th after the state.
+    let Some(close) = text.iter().rposition(|&c| c == b')') else {
+        return true;
+    };
+    let mut fields = text[close + 1..]
+        .split(|&c| c == b' ')
+        .filter(|f| !f.is_empty());
+    let Some(field) = fields.nth(19) else {
+        return true;
+    };
+    let mut t: u64 = 0;
+    for &c in field {
+        if !c.is_ascii_digit() {
+            return true;
+        }
+        t = t.wrapping_mul(10).wrapping_add((c - b'0') as u64);
+    }
+    t == start_ticks
 }
 
 fn errno() -> i32 {

@@ -75,6 +75,7 @@ fn read_all(bytes: &[u8]) -> Option<u64> {
     let opts = SnapshotOptions {
         live: true,
         wait_timeout: std::time::Duration::from_millis(1),
+        ..SnapshotOptions::default()
     };
     let meta = r.snapshot(&opts, |b| {
         let _ = (b.address, b.size);

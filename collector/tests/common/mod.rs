@@ -456,6 +456,11 @@ pub fn region_file(dir: &Path) -> PathBuf {
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "heapdump"))
         .collect();
-    assert_eq!(files.len(), 1, "expected one region in {}: {files:?}", dir.display());
+    assert_eq!(
+        files.len(),
+        1,
+        "expected one region in {}: {files:?}",
+        dir.display()
+    );
     files[0].clone()
 }
