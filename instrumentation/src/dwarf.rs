@@ -89,16 +89,19 @@ struct Registry {
     retired: Vec<usize>,
 }
 static REGISTRY_LOCK: crate::sys::SpinLock = crate::sys::SpinLock::new();
-static mut REGISTRY: Registry = Registry {
+struct RegistryCell(std::cell::UnsafeCell<Registry>);
+// SAFETY: the registry is only accessed under REGISTRY_LOCK (see `with_registry`).
+unsafe impl Sync for RegistryCell {}
+static REGISTRY: RegistryCell = RegistryCell(std::cell::UnsafeCell::new(Registry {
     caches: Vec::new(),
     retired: Vec::new(),
-};
+}));
 
 /// Runs `f` on the registry under its lock.
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     REGISTRY_LOCK.lock();
     // SAFETY: the lock gives exclusive access to REGISTRY.
-    let r = f(unsafe { &mut *(&raw mut REGISTRY) });
+    let r = f(unsafe { &mut *REGISTRY.0.get() });
     REGISTRY_LOCK.unlock();
     r
 }

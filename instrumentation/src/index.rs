@@ -199,6 +199,7 @@ impl AddressIndex {
     }
 
     /// Live entries (for tests).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -213,6 +214,7 @@ impl AddressIndex {
     }
 
     /// Whether no address is indexed.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

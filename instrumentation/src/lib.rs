@@ -7,25 +7,31 @@
 //! - the `heapdump-preload` crate (`libheapdump.so`), which exports the malloc family for
 //!   `LD_PRELOAD` and calls [`hooks`].
 //!
-//! Modules: [`hooks`] (what each allocator call records), [`state`] (start-up, per-thread state,
-//! reentrancy guard, node caches), [`region`] (the region file), [`unwind`] (frame-pointer
-//! walk), [`stacks`] (stack interning), [`index`] (address → record), [`modules`] (the module
-//! table), [`sys`] (helpers usable inside malloc).
+//! Public modules (what `HeapdumpAlloc`, the preload crate and the tests use): [`hooks`] (what
+//! each allocator call records), [`state`] (start-up, per-thread state, the reentrancy guard),
+//! [`unwind`] (frame-pointer walk, stack bounds), `dwarf` (the CFI unwinder, x86-64),
+//! [`global_alloc`]. Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
+//! raw-fork detection), `nodes` (record recycling), `region` (the region file and settings),
+//! `stacks` (stack interning), `index` (address → record), `modules` (the module table),
+//! `sys` (helpers usable inside malloc).
 //!
 //! Nothing on the recording path allocates, panics or takes a lock shared by all threads.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod deferred;
 #[cfg(target_arch = "x86_64")]
 pub mod dwarf;
+mod fork;
 pub mod global_alloc;
 pub mod hooks;
-pub mod index;
-pub mod modules;
-pub mod region;
-pub mod stacks;
+mod index;
+mod modules;
+mod nodes;
+mod region;
+mod stacks;
 pub mod state;
-pub mod sys;
+mod sys;
 pub mod unwind;
 
 pub use global_alloc::HeapdumpAlloc;

@@ -1,0 +1,204 @@
+//! `fork`: the handlers that move a forked child to a region of its own, and the detection of
+//! children made by a raw `fork`/`clone` system call, which run no handlers (see
+//! ARCHITECTURE.md, "Start-up and process events").
+
+use crate::region;
+use crate::state::*;
+use crate::sys::map_anon;
+use std::sync::atomic::Ordering;
+use vmo_layout::clock::now_ns;
+use vmo_layout::v1::{LEASE_NS, STATE_READY};
+
+/// A word in a private page that the kernel zeroes in a child at any `fork` (also a raw
+/// `clone`/`fork` system call, which runs no fork handlers): `MADV_WIPEONFORK`. Nonzero in
+/// the process that owns the current region.
+pub(crate) static PROCESS_TOKEN: std::sync::atomic::AtomicPtr<u64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Whether this process is the one that owns the region (not a child made by a raw fork
+/// system call, which shares the parent's `MAP_SHARED` region and must not write to it). One
+/// load of a word that is rarely out of the cache.
+#[inline]
+pub(crate) fn same_process() -> bool {
+    let p = PROCESS_TOKEN.load(Ordering::Relaxed);
+    // SAFETY: set once to a page that is never unmapped.
+    p.is_null() || unsafe { p.read_volatile() } != 0
+}
+
+/// Makes the token page (at start-up) and marks this process as the region's owner.
+pub(crate) fn set_process_token() {
+    let mut p = PROCESS_TOKEN.load(Ordering::Relaxed);
+    if p.is_null() {
+        p = map_anon(4096) as *mut u64;
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: our own fresh page. Without MADV_WIPEONFORK (Linux < 4.14) the page is not
+        // wiped and a raw-fork child is not detected, as before.
+        if unsafe { libc::madvise(p as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) } != 0 {
+            // SAFETY: as above.
+            unsafe { crate::sys::unmap(p as *mut u8, 4096) };
+            return;
+        }
+        PROCESS_TOKEN.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: the page is ours and mapped.
+    unsafe { p.write_volatile(1) };
+}
+
+/// In a child made by a raw fork system call: stop recording here (the region is the
+/// parent's, and the locks the child inherited may be held by threads that do not exist in
+/// it). Nothing of the child is written to the parent's region but a flag, so that
+/// `heapdump list` says a child went unrecorded.
+#[cold]
+pub(crate) fn foreign_child(g: &Global) {
+    if STATE
+        .compare_exchange(READY, DISABLED, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        g.writer
+            .raise_recording_flag(vmo_layout::v1::RECORDING_FOREIGN_WRITER);
+    }
+}
+
+/// Registers the shim's fork handlers, once. Called by the preload constructor (and at
+/// start-up for `HeapdumpAlloc`), never from inside `malloc`: `pthread_atfork` allocates while
+/// holding its own lock, so registering from a `malloc` that `pthread_atfork` itself made
+/// would deadlock.
+pub fn register_fork_handlers() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    TLS.with(|t| {
+        internal(t, || {
+            // SAFETY: registering handlers of the right signature; may allocate (the guard
+            // routes that to glibc).
+            unsafe {
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child))
+            };
+        })
+    });
+}
+
+/// Whether `fork_prepare` took the locks (what `fork_parent`/`fork_child` release, whatever
+/// the state is by then).
+pub(crate) static FORK_LOCKED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) extern "C" fn fork_prepare() {
+    if let Some(g) = global() {
+        // Protect the nodes live at the fork from being recycled while the child copies them.
+        let lease = &g.writer.header().fork_lease;
+        let now = now_ns();
+        let old = lease.load(Ordering::Relaxed);
+        if old == 0 || now.saturating_sub(old) > LEASE_NS {
+            lease.store(now, Ordering::SeqCst);
+            FORK_LEASE.store(now, Ordering::Relaxed);
+        } else {
+            FORK_LEASE.store(0, Ordering::Relaxed);
+        }
+        // The module table's lock first (its holder calls the loader, never the others),
+        // then the recording paths' order: orphan slot, index shards, free list.
+        crate::modules::lock_for_fork();
+        #[cfg(target_arch = "x86_64")]
+        crate::dwarf::lock_for_fork();
+        ORPHAN.lock();
+        INDEX.lock_all();
+        g.free.lock.lock();
+        FORK_LOCKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Releases what `fork_prepare` took.
+pub(crate) fn fork_unlock(g: &Global) {
+    if FORK_LOCKED.swap(false, Ordering::Relaxed) {
+        ORPHAN.unlock();
+        g.free.lock.unlock();
+        INDEX.unlock_all();
+        #[cfg(target_arch = "x86_64")]
+        crate::dwarf::unlock_after_fork();
+        crate::modules::unlock_after_fork();
+    }
+}
+
+pub(crate) extern "C" fn fork_parent() {
+    // SAFETY: GLOBAL was written before FORK_LOCKED could be set (READY was observed).
+    if FORK_LOCKED.load(Ordering::Relaxed) {
+        fork_unlock(unsafe { (*GLOBAL.0.get()).assume_init_ref() });
+    }
+}
+
+/// In the child: the region is shared with the parent, so the child moves to a region of its
+/// own holding the blocks it inherited (those live at the fork), then goes on recording there.
+pub(crate) extern "C" fn fork_child() {
+    if !FORK_LOCKED.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: GLOBAL was written before FORK_LOCKED could be set.
+    let g = unsafe { (*GLOBAL.0.get()).assume_init_ref() };
+    fork_unlock(g);
+    if global().is_none() {
+        return;
+    }
+    let lease = FORK_LEASE.load(Ordering::Relaxed);
+    TLS.with(|t| {
+        internal(t, || {
+            if !child_region(g, t, lease) {
+                STATE.store(DISABLED, Ordering::Release);
+            }
+        })
+    });
+}
+
+pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
+    let parent = g.writer;
+    let mut settings = g.settings;
+    settings.caps = parent.capacities();
+    let release_lease = || {
+        let _ = parent.header().fork_lease.compare_exchange(
+            lease,
+            0,
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        );
+    };
+    let created = match region::create(&settings) {
+        Some(c) if c.writer.capacities() == parent.capacities() => c,
+        _ => {
+            release_lease();
+            return false;
+        }
+    };
+    let w = created.writer;
+    w.claim_thread(0, b"(other threads)\0");
+    // The inherited address index holds exactly the blocks live at the fork (its shards were
+    // locked across it): copy the records it points to.
+    // SAFETY: this child is single-threaded (fork handlers run before anything else); the
+    // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
+    // before the fork) keeps the records the index points to from being recycled meanwhile.
+    let inherited = unsafe { w.inherit(&parent, INDEX.entries()) };
+    release_lease();
+    let Some((blocks, bytes)) = inherited else {
+        // No room for the copy: this child records nothing.
+        // SAFETY: the path is NUL-terminated.
+        unsafe { libc::unlink(created.path.as_ptr() as *const libc::c_char) };
+        return false;
+    };
+    let orphan = w.thread(ORPHAN_SLOT);
+    orphan.allocs.store(blocks, Ordering::Relaxed);
+    orphan.alloc_bytes.store(bytes, Ordering::Relaxed);
+    // SAFETY: the child has a single thread (the one running fork handlers), which is inside
+    // the reentrancy guard: nobody else reads GLOBAL while it is updated.
+    unsafe {
+        let gm = (*GLOBAL.0.get()).assume_init_mut();
+        gm.writer = w;
+        gm.path = created.path;
+        gm.pid = libc::getpid() as u32;
+    }
+    t.slot.set(0); // registers again, in the new region, at the next operation
+    t.tid.set(gettid());
+    w.set_state(STATE_READY);
+    set_process_token();
+    true
+}

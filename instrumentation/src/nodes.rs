@@ -1,0 +1,232 @@
+//! Records (nodes) of the allocations table: taking one for a new block, recycling dead ones
+//! oldest first through a per-thread ring, a stash and a shared queue (see ARCHITECTURE.md,
+//! "Writer-private structures", node recycling).
+
+use crate::state::{Global, Tls, BATCH, RING};
+use crate::sys::{map_anon, SpinLock};
+use std::cell::UnsafeCell;
+
+// ---- nodes ------------------------------------------------------------------------------
+
+/// Takes a node for a new block at time `now`: a recycled one no reader may still need, else a
+/// never-used one. `None` when the allocations table is full.
+///
+/// Dead nodes are reused oldest first: the thread's own ring, then the shared queue (nodes
+/// other threads freed, and this thread's overflow), and only then never-used nodes. While a
+/// snapshot holds its lease, nodes freed since it began may not be rewritten, so the ring's
+/// oldest is refused and older nodes from the shared queue are taken instead: the allocations
+/// table does not grow with each snapshot, and no fresh page of the region is touched.
+#[inline]
+pub fn take_node(g: &Global, t: &Tls, now: u64) -> Option<u32> {
+    if let Some(n) = ring_front(t) {
+        if g.writer.node_reusable(n, now) {
+            ring_pop(t);
+            return Some(n);
+        }
+    }
+    take_node_slow(g, t, now)
+}
+
+#[cold]
+pub(crate) fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
+    if t.stash_head.get() == t.stash_len.get() {
+        // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
+        let k = g.free.pop(unsafe { &mut *t.stash.get() });
+        t.stash_head.set(0);
+        t.stash_len.set(k);
+    }
+    let h = t.stash_head.get();
+    if h < t.stash_len.get() {
+        // SAFETY: as above; h < stash_len <= BATCH.
+        let n = unsafe { (*t.stash.get())[h] };
+        if g.writer.node_reusable(n, now) {
+            t.stash_head.set(h + 1);
+            return Some(n);
+        }
+    }
+    let next = t.fresh_next.get();
+    if next < t.fresh_end.get() {
+        t.fresh_next.set(next + 1);
+        return Some(next);
+    }
+    let (s, e) = g.writer.claim_nodes(BATCH as u64)?;
+    t.fresh_next.set(s as u32 + 1);
+    t.fresh_end.set(e as u32);
+    Some(s as u32)
+}
+
+/// Returns a dead node to the thread's cache (spilling a batch to the shared list when full).
+#[inline]
+pub fn recycle_node(g: &Global, t: &Tls, n: u32) {
+    if t.ring_len.get() == RING {
+        let mut batch = [0u32; BATCH];
+        for b in batch.iter_mut() {
+            *b = ring_pop(t).unwrap_or(0);
+        }
+        g.free.push(&batch);
+    }
+    ring_push(t, n);
+}
+
+pub(crate) fn flush_nodes(g: &Global, t: &Tls) {
+    let mut batch = [0u32; BATCH];
+    let mut k = 0;
+    while let Some(n) = ring_pop(t) {
+        batch[k] = n;
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    for h in t.stash_head.get()..t.stash_len.get() {
+        // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
+        batch[k] = unsafe { (*t.stash.get())[h] };
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    t.stash_head.set(0);
+    t.stash_len.set(0);
+    while t.fresh_next.get() < t.fresh_end.get() {
+        batch[k] = t.fresh_next.get();
+        t.fresh_next.set(t.fresh_next.get() + 1);
+        k += 1;
+        if k == BATCH {
+            g.free.push(&batch);
+            k = 0;
+        }
+    }
+    g.free.push(&batch[..k]);
+}
+
+pub(crate) fn ring_front(t: &Tls) -> Option<u32> {
+    if t.ring_len.get() == 0 {
+        return None;
+    }
+    // SAFETY: the ring is only touched by its own thread, inside the reentrancy guard.
+    Some(unsafe { (*t.ring.get())[t.ring_head.get()] })
+}
+
+pub(crate) fn ring_pop(t: &Tls) -> Option<u32> {
+    let n = ring_front(t)?;
+    t.ring_head.set((t.ring_head.get() + 1) % RING);
+    t.ring_len.set(t.ring_len.get() - 1);
+    Some(n)
+}
+
+pub(crate) fn ring_push(t: &Tls, n: u32) {
+    debug_assert!(t.ring_len.get() < RING);
+    let i = (t.ring_head.get() + t.ring_len.get()) % RING;
+    // SAFETY: as in ring_front.
+    unsafe { (*t.ring.get())[i] = n };
+    t.ring_len.set(t.ring_len.get() + 1);
+}
+
+/// Dead nodes shared between threads: a FIFO queue of node ids behind a spin lock, touched once
+/// per [`BATCH`] frees or allocations at most. Oldest first, because a node freed long ago is
+/// the one a snapshot's lease lets us rewrite. The queue is a ring buffer in an anonymous
+/// mapping that doubles when full (up to the allocations table's capacity), so its memory
+/// follows the largest number of dead nodes waiting at once.
+#[derive(Debug)]
+pub struct FreeNodes {
+    pub(crate) lock: SpinLock,
+    q: UnsafeCell<Queue>,
+    max: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    buf: *mut u32,
+    /// A power of two, or 0.
+    cap: usize,
+    head: usize,
+    len: usize,
+}
+
+// SAFETY: `q` is only accessed with `lock` held.
+unsafe impl Sync for FreeNodes {}
+// SAFETY: as above.
+unsafe impl Send for FreeNodes {}
+
+impl FreeNodes {
+    pub(crate) fn new(max: u64) -> Option<Self> {
+        Some(FreeNodes {
+            lock: SpinLock::new(),
+            q: UnsafeCell::new(Queue {
+                buf: std::ptr::null_mut(),
+                cap: 0,
+                head: 0,
+                len: 0,
+            }),
+            max: (max as usize).max(BATCH).next_power_of_two(),
+        })
+    }
+
+    /// Appends `ids` (dropping what does not fit when memory for the queue cannot be mapped:
+    /// those nodes are then never reused).
+    pub(crate) fn push(&self, ids: &[u32]) {
+        self.lock.lock();
+        // SAFETY: the lock is held.
+        let q = unsafe { &mut *self.q.get() };
+        if q.len + ids.len() > q.cap {
+            grow(q, q.len + ids.len(), self.max);
+        }
+        let k = ids.len().min(q.cap - q.len);
+        for (i, id) in ids[..k].iter().enumerate() {
+            // SAFETY: cap is a power of two and the index is masked into [0, cap).
+            unsafe { *q.buf.add((q.head + q.len + i) & (q.cap - 1)) = *id };
+        }
+        q.len += k;
+        self.lock.unlock();
+    }
+
+    /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
+    fn pop(&self, out: &mut [u32]) -> usize {
+        self.lock.lock();
+        // SAFETY: the lock is held.
+        let q = unsafe { &mut *self.q.get() };
+        let k = out.len().min(q.len);
+        for (i, o) in out[..k].iter_mut().enumerate() {
+            // SAFETY: as in push; k <= len, so these slots hold queued ids.
+            *o = unsafe { *q.buf.add((q.head + i) & (q.cap - 1)) };
+        }
+        if k > 0 {
+            q.head = (q.head + k) & (q.cap - 1);
+            q.len -= k;
+        }
+        self.lock.unlock();
+        k
+    }
+}
+
+/// Doubles `q` until it holds `need` ids (at most `max`), keeping their order.
+pub(crate) fn grow(q: &mut Queue, need: usize, max: usize) {
+    let mut cap = q.cap.max(4096);
+    while cap < need && cap < max {
+        cap *= 2;
+    }
+    if cap <= q.cap {
+        return;
+    }
+    let buf = map_anon(cap * 4) as *mut u32;
+    if buf.is_null() {
+        return;
+    }
+    for i in 0..q.len {
+        // SAFETY: i < len <= old cap; the new buffer holds cap >= len ids.
+        unsafe { *buf.add(i) = *q.buf.add((q.head + i) & (q.cap - 1)) };
+    }
+    if !q.buf.is_null() {
+        // SAFETY: the old buffer came from map_anon with this size and is no longer used.
+        unsafe { crate::sys::unmap(q.buf as *mut u8, q.cap * 4) };
+    }
+    *q = Queue {
+        buf,
+        cap,
+        head: 0,
+        len: q.len,
+    };
+}
