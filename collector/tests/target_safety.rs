@@ -526,3 +526,32 @@ fn quick_exit_removes_the_region() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert!(left.is_empty(), "region left after quick_exit: {left:?}");
 }
+
+/// B4: allocations and frees made by `atexit` handlers (registered before or after the
+/// shim's own) are in a region kept with `HEAPDUMP_KEEP=1`: a post-mortem snapshot shows
+/// what was live at the very end.
+#[test]
+fn kept_region_includes_exit_handlers() {
+    let exe = compile_c("late_atexit", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("late-atexit");
+    let st = Command::new(&exe)
+        .env("HEAPDUMP_DIR", &dir)
+        .env("HEAPDUMP_KEEP", "1")
+        .env("LD_PRELOAD", shim())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let list = list_json(&dir);
+    assert_eq!(list.len(), 1, "{list:?}");
+    let region = list[0]["region"].as_str().unwrap().to_owned();
+    let out = std::env::temp_dir().join(format!("late-atexit-{}.pb.gz", std::process::id()));
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--region", &region, "-o", out.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    let p = decode(&out);
+    assert_eq!(sum_through(&p, "at_exit_alloc")[2..], [3, 369]);
+    assert_eq!(sum_through(&p, "main")[2..], [0, 0]);
+    let _ = std::fs::remove_file(&out);
+}
