@@ -161,21 +161,153 @@ pub struct Opened {
     pub file: File,
     map: MmapRaw,
     writable: bool,
+    /// The mapping's slot in [`truncation`] (SIGBUS recovery), if one was free.
+    guard: Option<usize>,
 }
 
 impl Opened {
-    /// The validated region view.
+    /// The validated region view (reads only the parts of the file that hold data, see
+    /// [`Region::with_file`]).
     pub fn region(&self) -> Result<Region<'_>> {
+        use std::os::fd::AsFd;
         // SAFETY: the mapping lives as long as `self` (the borrow ties the view to it), is
         // page-aligned, and is writable exactly when `writable` is set.
         let r =
             unsafe { Region::from_raw(self.map.as_ptr(), self.map.len() as u64, self.writable) };
-        r.with_context(|| format!("{}", self.path.display()))
+        Ok(r.with_context(|| format!("{}", self.path.display()))?
+            .with_file(self.file.as_fd()))
     }
 
+    /// Whether the file was truncated under the mapping since it was opened (the reads past
+    /// the new end then saw zeros instead of killing the collector with SIGBUS, see
+    /// [`truncation`]): the text of the error to report, or `None`.
+    pub fn truncated(&self) -> Option<String> {
+        let now = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let hit = self.guard.is_some_and(truncation::hit);
+        (hit || now < self.map.len() as u64).then(|| {
+            format!(
+                "{}: the region was truncated while being read ({} bytes mapped, {now} now); \
+                 nothing it showed can be trusted",
+                self.path.display(),
+                self.map.len()
+            )
+        })
+    }
+}
+
+impl Opened {
     /// Whether the region could be mapped writable (needed for a live snapshot's lease).
     pub fn writable(&self) -> bool {
         self.writable
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if let Some(slot) = self.guard.take() {
+            truncation::unregister(slot);
+        }
+    }
+}
+
+/// Surviving a region file truncated while it is mapped (by its owner, or anyone who can write
+/// it): touching a page past the new end of file raises SIGBUS, which would kill the
+/// collector. Checking the size before and after a read cannot prevent that, and reading
+/// everything with `pread` would lose the atomic loads the snapshot protocol needs, so a
+/// SIGBUS handler recovers instead: when the faulting address lies in a registered region
+/// mapping, it maps anonymous zero pages (`MAP_FIXED | MAP_NORESERVE`: no memory committed)
+/// over the rest of that mapping from the faulting page on, marks the mapping, and returns;
+/// the faulting load is retried and reads zeros (empty records, never live). The caller then
+/// reports the truncation ([`Opened::truncated`]). A SIGBUS anywhere else gets the default
+/// action (the process dies, as without the handler).
+pub mod truncation {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    const SLOTS: usize = 8;
+    static START: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static END: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static HIT: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let page = PAGE.load(Ordering::Relaxed);
+        for i in 0..SLOTS {
+            let (start, end) = (
+                START[i].load(Ordering::SeqCst),
+                END[i].load(Ordering::SeqCst),
+            );
+            if start == 0 || addr < start || addr >= end {
+                continue;
+            }
+            let from = addr & !(page - 1);
+            // SAFETY: replaces pages of our own mapping [from, end) (registered by `Opened`,
+            // which unregisters before unmapping) with anonymous zero pages; mmap is a plain
+            // system call, safe in a signal handler.
+            let r = unsafe {
+                libc::mmap(
+                    from as *mut libc::c_void,
+                    end - from,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if r != libc::MAP_FAILED {
+                HIT[i].store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+        // Not ours (or the remap failed): die of it as without this handler.
+        // SAFETY: signal is async-signal-safe; returning retries the access, which faults
+        // again with the default action.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+
+    /// Registers the mapping `[start, start + len)`; installs the handler on first use.
+    /// Returns the slot, or `None` when all are taken (the mapping is then unprotected).
+    pub fn register(start: usize, len: usize) -> Option<usize> {
+        INSTALL.call_once(|| {
+            // SAFETY: sysconf has no preconditions; a zeroed sigaction is valid and the
+            // handler is async-signal-safe.
+            unsafe {
+                let p = libc::sysconf(libc::_SC_PAGESIZE);
+                if p > 0 {
+                    PAGE.store(p as usize, Ordering::Relaxed);
+                }
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = on_sigbus as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+            }
+        });
+        for i in 0..SLOTS {
+            if START[i]
+                .compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                HIT[i].store(false, Ordering::SeqCst);
+                END[i].store(start + len, Ordering::SeqCst);
+                START[i].store(start, Ordering::SeqCst);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Whether a truncation was met in `slot`'s mapping.
+    pub fn hit(slot: usize) -> bool {
+        HIT[slot].load(Ordering::SeqCst)
+    }
+
+    /// Forgets `slot` (before its mapping is unmapped).
+    pub fn unregister(slot: usize) {
+        END[slot].store(0, Ordering::SeqCst);
+        START[slot].store(0, Ordering::SeqCst);
     }
 }
 
@@ -253,11 +385,13 @@ pub fn open(path: &Path) -> Result<Opened> {
         MmapOptions::new().map_raw_read_only(&file)
     }
     .with_context(|| format!("cannot map {}", path.display()))?;
+    let guard = truncation::register(map.as_ptr() as usize, map.len());
     Ok(Opened {
         path: path.to_owned(),
         file,
         map,
         writable,
+        guard,
     })
 }
 

@@ -117,8 +117,7 @@ pub fn collect(
             stacks.insert(id, region.stack(id).unwrap_or_default());
         }
     };
-    for id in 0..region.stack_count() as u32 {
-        let (n, b) = region.stack_totals(id);
+    for (id, (n, b)) in region.all_stack_totals() {
         if n > 0 {
             let w = weight(b as f64 / n as f64, interval);
             alloc_totals.insert(id, (n as f64 * w, b as f64 * w));
@@ -143,6 +142,10 @@ pub fn collect(
             m.path = format!("[not a regular file] {}", m.path);
         }
     }
+    let threads = region.threads();
+    if let Some(why) = opened.truncated() {
+        anyhow::bail!("{why}");
+    }
     Ok(Collected {
         info,
         alive: liveness == Liveness::Alive,
@@ -152,7 +155,7 @@ pub fn collect(
         alloc_totals,
         inuse,
         blocks,
-        threads: region.threads(),
+        threads,
         modules,
     })
 }

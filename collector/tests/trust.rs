@@ -1349,6 +1349,15 @@ fn crafted_and_truncated_regions_are_bounded() {
         eprintln!("skipped: cannot create a directory in /dev/shm (the test needs tmpfs)");
         return;
     };
+    /// Removes the test's files from RAM-backed /dev/shm, also when the test fails.
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_file(self.0.with_extension("crafted.pb.gz"));
+        }
+    }
+    let _cleanup = Cleanup(dir.clone());
     let exe = compile_c("known_allocs", &[]);
 
     // Counts at u64::MAX in an exited process's region (default capacities: 64 M records).
@@ -1450,5 +1459,4 @@ fn crafted_and_truncated_regions_are_bounded() {
     );
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("truncated while being read"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -209,6 +209,8 @@ pub struct Region<'a> {
     len: u64,
     writable: bool,
     sections: [SectionV1; section::COUNT],
+    /// The region's file, when known (see [`Region::with_file`]); -1 otherwise.
+    fd: i32,
     _life: std::marker::PhantomData<&'a [u8]>,
 }
 
@@ -290,8 +292,83 @@ impl<'a> Region<'a> {
             len,
             writable,
             sections,
+            fd: -1,
             _life: std::marker::PhantomData,
         })
+    }
+
+    /// Tells the reader which file the mapping comes from, so that it reads only the parts of
+    /// the tables that hold data: a region is a sparse file, and on tmpfs merely reading a
+    /// hole through a mapping allocates a page for it (`read(2)` does not). A crafted
+    /// `node_cursor` would otherwise commit gigabytes of the file system's memory, and a
+    /// crafted count over a huge sparse section would make the reader walk (and allocate for)
+    /// entries that cannot hold anything. Holes are found with `lseek(SEEK_DATA/SEEK_HOLE)`
+    /// (entries wholly inside data are read; a hole reads as zeros, i.e. empty entries, so
+    /// nothing real is skipped). `fd` must be the file `base` maps.
+    pub fn with_file(mut self, fd: std::os::fd::BorrowedFd<'a>) -> Self {
+        self.fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        self
+    }
+
+    /// Calls `f(first, end)`, in order, for the runs of entries `[first, end)` among the first
+    /// `count` of section `kind` that lie wholly in data of the file (all of them when the
+    /// file is unknown or cannot tell holes apart); stops when `f` returns false.
+    fn data_runs(&self, kind: u32, count: u64, f: impl FnMut(u64, u64) -> bool) {
+        self.data_runs_in(kind, 0, count, f)
+    }
+
+    /// [`Self::data_runs`] over the entries `[from, to)` of section `kind`.
+    fn data_runs_in(&self, kind: u32, from: u64, to: u64, mut f: impl FnMut(u64, u64) -> bool) {
+        let s = &self.sections[kind as usize - 1];
+        let count = to.min(s.capacity);
+        if from >= count {
+            return;
+        }
+        if self.fd < 0 {
+            f(from, count);
+            return;
+        }
+        let es = s.entry_size as u64;
+        let end = s.offset + count * es; // validated: inside the mapping
+        let mut pos = s.offset + from * es;
+        while pos < end {
+            // SAFETY: lseek on a descriptor the caller vouched for; it only moves the offset.
+            let d = unsafe { libc::lseek(self.fd, pos as libc::off_t, libc::SEEK_DATA) };
+            if d < 0 {
+                let e = std::io::Error::last_os_error().raw_os_error();
+                if e == Some(libc::ENXIO) {
+                    return; // no data from `pos` to the end of the file
+                }
+                // SEEK_DATA unsupported: read everything that is left.
+                f((pos - s.offset).div_ceil(es), count);
+                return;
+            }
+            let d = d as u64;
+            if d >= end {
+                return;
+            }
+            // SAFETY: as above.
+            let h = unsafe { libc::lseek(self.fd, d as libc::off_t, libc::SEEK_HOLE) };
+            let h = if h < 0 { end } else { (h as u64).min(end) };
+            let first = (d.max(s.offset) - s.offset).div_ceil(es);
+            let last = (h - s.offset) / es;
+            if first < last && !f(first, last) {
+                return;
+            }
+            pos = h.max(d + 1);
+        }
+    }
+
+    /// Visits the thread slots among the first `count` that hold data, in order.
+    fn for_each_slot(&self, count: u64, mut f: impl FnMut(&ThreadSlotV1)) {
+        self.data_runs(section::THREADS, count, |a, b| {
+            for i in a..b {
+                if let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) {
+                    f(s);
+                }
+            }
+            true
+        });
     }
 
     fn header(&self) -> &HeaderV1 {
@@ -328,10 +405,7 @@ impl<'a> Region<'a> {
             threads,
             ..Counters::default()
         };
-        for i in 0..threads {
-            let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) else {
-                break;
-            };
+        self.for_each_slot(threads, |s| {
             c.allocs = c.allocs.wrapping_add(s.allocs.load(Ordering::Relaxed));
             c.frees = c.frees.wrapping_add(s.frees.load(Ordering::Relaxed));
             c.alloc_bytes = c
@@ -343,7 +417,7 @@ impl<'a> Region<'a> {
             c.dropped_blocks = c
                 .dropped_blocks
                 .wrapping_add(s.dropped.load(Ordering::Relaxed));
-        }
+        });
         c.live_blocks = c.allocs.saturating_sub(c.frees);
         c.live_bytes = c.alloc_bytes.saturating_sub(c.free_bytes);
         c.peak_live_bytes = c.peak_live_bytes.max(c.live_bytes);
@@ -386,99 +460,120 @@ impl<'a> Region<'a> {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
         let live = opts.live && self.writable;
-        let t = if live {
-            // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
-            // the last one stored (at most a tick, and only right after another snapshot).
-            // Bounded: a crafted value in the future is not waited for (20 ms at most).
-            let last = h.lease_last.load(Ordering::SeqCst);
-            for _ in 0..100 {
-                if now_ns() > last {
-                    break;
+        let t =
+            if live {
+                // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
+                // the last one stored (at most a tick, and only right after another snapshot).
+                // Bounded: a crafted value in the future is not waited for (20 ms at most).
+                let last = h.lease_last.load(Ordering::SeqCst);
+                for _ in 0..100 {
+                    if now_ns() > last {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
                 }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            let lease = now_ns();
-            h.lease_last.store(lease, Ordering::SeqCst);
-            // Who holds the lease, stored before it (writers read it after the lease).
-            h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
-            h.lease_start_ticks
-                .store(opts.lease_start_ticks, Ordering::SeqCst);
-            h.lease.store(lease, Ordering::SeqCst);
-            let t = now_ns();
-            // Every clock reading taken after this loop is strictly greater than T. The clock
-            // ticks every 1–4 ms: sleep rather than spin.
-            while now_ns() <= t {
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            let threads = h
-                .thread_count
-                .load(Ordering::SeqCst)
-                .min(self.cap(section::THREADS));
-            for i in 0..threads {
-                let Some(slot) = self.at::<ThreadSlotV1>(section::THREADS, i) else {
-                    break;
-                };
-                let s = slot.op_seq.load(Ordering::SeqCst);
-                if s & 1 == 0 {
-                    continue;
+                let lease = now_ns();
+                h.lease_last.store(lease, Ordering::SeqCst);
+                // Who holds the lease, stored before it (writers read it after the lease).
+                h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
+                h.lease_start_ticks
+                    .store(opts.lease_start_ticks, Ordering::SeqCst);
+                h.lease.store(lease, Ordering::SeqCst);
+                let t = now_ns();
+                // Every clock reading taken after this loop is strictly greater than T. The clock
+                // ticks every 1–4 ms: sleep rather than spin.
+                while now_ns() <= t {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
                 }
+                let threads = h
+                    .thread_count
+                    .load(Ordering::SeqCst)
+                    .min(self.cap(section::THREADS));
+                // One wait budget for all slots together: a region whose slots all look busy
+                // (a stopped process, a crafted file) costs `wait_timeout` once, not per slot.
                 let start = precise_ns();
-                let deadline = start + opts.wait_timeout.as_nanos() as u64;
-                let mut spins = 0u32;
-                while slot.op_seq.load(Ordering::Acquire) == s {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(256) {
-                        if precise_ns() > deadline {
-                            meta.warnings.push(format!(
-                                "thread {} stayed inside the allocator for more than {:?}; \
-                                 its operation in progress may be missing",
-                                slot.tid.load(Ordering::Relaxed),
-                                opts.wait_timeout
-                            ));
+                let deadline = start.saturating_add(opts.wait_timeout.as_nanos() as u64);
+                let mut stuck: Vec<u32> = Vec::new();
+                let mut stuck_count = 0u64;
+                self.for_each_slot(threads, |slot| {
+                    let s = slot.op_seq.load(Ordering::SeqCst);
+                    if s & 1 == 0 {
+                        return;
+                    }
+                    let began = precise_ns();
+                    let mut spins = 0u32;
+                    while slot.op_seq.load(Ordering::Acquire) == s {
+                        if began >= deadline {
+                            stuck_count += 1;
+                            if stuck.len() < 8 {
+                                stuck.push(slot.tid.load(Ordering::Relaxed));
+                            }
                             break;
                         }
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
+                        spins = spins.wrapping_add(1);
+                        if spins.is_multiple_of(256) {
+                            if precise_ns() > deadline {
+                                stuck_count += 1;
+                                if stuck.len() < 8 {
+                                    stuck.push(slot.tid.load(Ordering::Relaxed));
+                                }
+                                break;
+                            }
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
                     }
+                    meta.max_wait_ns = meta.max_wait_ns.max(precise_ns() - began);
+                });
+                if stuck_count > 0 {
+                    meta.warnings.push(format!(
+                    "{stuck_count} thread(s) stayed inside the allocator past the {:?} wait for \
+                     operations in progress (tids {stuck:?}{}); those operations may be missing",
+                    opts.wait_timeout,
+                    if stuck_count > stuck.len() as u64 { ", …" } else { "" }
+                ));
                 }
-                meta.max_wait_ns = meta.max_wait_ns.max(precise_ns() - start);
-            }
-            fence(Ordering::SeqCst);
-            t
-        } else {
-            TIME_NONE - 1
-        };
+                fence(Ordering::SeqCst);
+                t
+            } else {
+                TIME_NONE - 1
+            };
         meta.time_ns = t;
         let nodes = h
             .node_cursor
             .load(Ordering::Acquire)
             .min(self.cap(section::ALLOCATIONS));
-        for i in 0..nodes {
-            let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else {
-                break;
-            };
-            let a1 = n.t_alloc.load(Ordering::Acquire);
-            if a1 > t {
-                continue;
+        let mut scanned = 0u64;
+        self.data_runs(section::ALLOCATIONS, nodes, |a, b| {
+            scanned += b - a;
+            for i in a..b {
+                let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else {
+                    break;
+                };
+                let a1 = n.t_alloc.load(Ordering::Acquire);
+                if a1 > t {
+                    continue;
+                }
+                let block = Block {
+                    address: n.address.load(Ordering::Relaxed),
+                    size: n.size.load(Ordering::Relaxed),
+                    t_alloc: a1,
+                    stack: n.stack.load(Ordering::Relaxed),
+                    thread: n.thread.load(Ordering::Relaxed),
+                };
+                let t_free = n.t_free.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if n.t_alloc.load(Ordering::Relaxed) != a1 || t_free <= t {
+                    continue;
+                }
+                meta.blocks += 1;
+                meta.bytes = meta.bytes.wrapping_add(block.size);
+                visit(&block);
             }
-            let block = Block {
-                address: n.address.load(Ordering::Relaxed),
-                size: n.size.load(Ordering::Relaxed),
-                t_alloc: a1,
-                stack: n.stack.load(Ordering::Relaxed),
-                thread: n.thread.load(Ordering::Relaxed),
-            };
-            let t_free = n.t_free.load(Ordering::Relaxed);
-            fence(Ordering::Acquire);
-            if n.t_alloc.load(Ordering::Relaxed) != a1 || t_free <= t {
-                continue;
-            }
-            meta.blocks += 1;
-            meta.bytes = meta.bytes.wrapping_add(block.size);
-            visit(&block);
-        }
-        meta.nodes_scanned = nodes;
+            true
+        });
+        meta.nodes_scanned = scanned;
         if live {
             let took = now_ns().saturating_sub(t);
             h.lease.store(0, Ordering::SeqCst);
@@ -506,6 +601,15 @@ impl<'a> Region<'a> {
             .min(self.cap(section::STACK_ENTRIES))
     }
 
+    /// Visits, in order, the ids below [`Self::stack_count`] whose entries hold data (an entry
+    /// in a hole of the file is not published: it is not read, see [`Self::with_file`]).
+    pub fn for_each_stack_id(&self, mut f: impl FnMut(u32)) {
+        self.data_runs(section::STACK_ENTRIES, self.stack_count(), |a, b| {
+            (a..b).for_each(|i| f(i as u32));
+            true
+        });
+    }
+
     /// Frames of stack `id` (leaf first), or `None` if it is not a valid, published entry.
     pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
         let e = self.at::<StackEntryV1>(section::STACK_ENTRIES, id as u64)?;
@@ -524,6 +628,36 @@ impl<'a> Region<'a> {
                     .map(|f| f.load(Ordering::Relaxed))
             })
             .collect()
+    }
+
+    /// Cumulative `(allocations, bytes)` of every stack below [`Self::stack_count`] that has
+    /// any, summed over stripes; only counters in data are read (see [`Self::with_file`]), and
+    /// the map holds only stacks with counts, so its size is bounded by the file's data.
+    pub fn all_stack_totals(&self) -> std::collections::HashMap<u32, (u64, u64)> {
+        let stacks = self.cap(section::STACK_ENTRIES);
+        let count = self.stack_count();
+        let mut out = std::collections::HashMap::new();
+        for stripe in 0..STRIPES as u64 {
+            let base = stripe * stacks;
+            self.data_runs_in(section::STACK_COUNTERS, base, base + count, |a, b| {
+                for i in a..b {
+                    let Some(c) = self.at::<StackCounterV1>(section::STACK_COUNTERS, i) else {
+                        break;
+                    };
+                    let (n, by) = (
+                        c.count.load(Ordering::Relaxed),
+                        c.bytes.load(Ordering::Relaxed),
+                    );
+                    if n != 0 || by != 0 {
+                        let e: &mut (u64, u64) = out.entry((i - base) as u32).or_default();
+                        e.0 = e.0.wrapping_add(n);
+                        e.1 = e.1.wrapping_add(by);
+                    }
+                }
+                true
+            });
+        }
+        out
     }
 
     /// Cumulative `(allocations, bytes)` made from stack `id`, summed over stripes.
@@ -548,19 +682,18 @@ impl<'a> Region<'a> {
             .thread_count
             .load(Ordering::Acquire)
             .min(self.cap(section::THREADS));
-        (0..n)
-            .filter_map(|i| self.at::<ThreadSlotV1>(section::THREADS, i))
-            .map(|s| {
-                let mut name = [0u8; 16];
-                name[..8].copy_from_slice(&s.name[0].load(Ordering::Relaxed).to_ne_bytes());
-                name[8..].copy_from_slice(&s.name[1].load(Ordering::Relaxed).to_ne_bytes());
-                ThreadInfo {
-                    tid: s.tid.load(Ordering::Relaxed),
-                    name: c_string(&name),
-                    running: s.state.load(Ordering::Relaxed) == SLOT_USED,
-                }
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.for_each_slot(n, |s| {
+            let mut name = [0u8; 16];
+            name[..8].copy_from_slice(&s.name[0].load(Ordering::Relaxed).to_ne_bytes());
+            name[8..].copy_from_slice(&s.name[1].load(Ordering::Relaxed).to_ne_bytes());
+            out.push(ThreadInfo {
+                tid: s.tid.load(Ordering::Relaxed),
+                name: c_string(&name),
+                running: s.state.load(Ordering::Relaxed) == SLOT_USED,
+            });
+        });
+        out
     }
 
     /// The module table, copied under its seqlock (retried a bounded number of times).
@@ -573,32 +706,39 @@ impl<'a> Region<'a> {
                 std::thread::yield_now();
                 continue;
             }
+            // No allocation sized by the count: only entries in data are read, and only
+            // non-empty ones kept.
             let n = h.module_count.load(Ordering::Acquire).min(sec.capacity);
-            let mut out = Vec::with_capacity(n as usize);
-            for i in 0..n {
-                let mut raw = [0u64; size_of::<ModuleV1>() / 8];
-                let p = (self.base as usize + (sec.offset + i * sec.entry_size as u64) as usize)
-                    as *const u64;
-                for (k, w) in raw.iter_mut().enumerate() {
-                    // SAFETY: the module section lies in the mapping (validated) and is 8-byte
-                    // aligned; a concurrent writer is detected by the seqlock below.
-                    *w = unsafe { std::ptr::read_volatile(p.add(k)) };
+            let mut out = Vec::new();
+            self.data_runs(section::MODULES, n, |a, b| {
+                for i in a..b {
+                    let mut raw = [0u64; size_of::<ModuleV1>() / 8];
+                    let p = (self.base as usize + (sec.offset + i * sec.entry_size as u64) as usize)
+                        as *const u64;
+                    for (k, w) in raw.iter_mut().enumerate() {
+                        // SAFETY: the module section lies in the mapping (validated) and is
+                        // 8-byte aligned; a concurrent writer is detected by the seqlock below.
+                        *w = unsafe { std::ptr::read_volatile(p.add(k)) };
+                    }
+                    // SAFETY: ModuleV1 is plain old data of exactly this size; any bit pattern
+                    // is a valid value.
+                    let m: ModuleV1 = unsafe { std::mem::transmute(raw) };
+                    if m.state == MODULE_EMPTY {
+                        continue;
+                    }
+                    let path_len = (m.path_len as usize).min(MODULE_PATH_BYTES);
+                    out.push(Module {
+                        path: String::from_utf8_lossy(&m.path[..path_len]).into_owned(),
+                        base: m.base,
+                        build_id: m.build_id[..(m.build_id_len as usize).min(MAX_BUILD_ID)]
+                            .to_vec(),
+                        segments: m.segments[..(m.segment_count as usize).min(MAX_SEGMENTS)]
+                            .to_vec(),
+                        loaded: m.state == MODULE_LOADED,
+                    });
                 }
-                // SAFETY: ModuleV1 is plain old data of exactly this size; any bit pattern is
-                // a valid value.
-                let m: ModuleV1 = unsafe { std::mem::transmute(raw) };
-                if m.state == MODULE_EMPTY {
-                    continue;
-                }
-                let path_len = (m.path_len as usize).min(MODULE_PATH_BYTES);
-                out.push(Module {
-                    path: String::from_utf8_lossy(&m.path[..path_len]).into_owned(),
-                    base: m.base,
-                    build_id: m.build_id[..(m.build_id_len as usize).min(MAX_BUILD_ID)].to_vec(),
-                    segments: m.segments[..(m.segment_count as usize).min(MAX_SEGMENTS)].to_vec(),
-                    loaded: m.state == MODULE_LOADED,
-                });
-            }
+                true
+            });
             fence(Ordering::Acquire);
             if h.module_seq.load(Ordering::Relaxed) == s1 {
                 return out;

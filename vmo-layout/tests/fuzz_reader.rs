@@ -151,3 +151,146 @@ proptest! {
         let _ = check(&s);
     }
 }
+
+/// A region laid out by the real writer in a sparse memfd (tmpfs: reading a hole through a
+/// mapping would allocate a page) with capacities far beyond what it holds.
+struct Sparse {
+    fd: std::os::fd::OwnedFd,
+    base: *mut u8,
+    len: u64,
+}
+
+impl Drop for Sparse {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `sparse`, which nothing uses any more.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len as usize) };
+    }
+}
+
+impl Sparse {
+    /// Bytes of the file actually allocated.
+    fn committed(&self) -> u64 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed stat is valid; fstat on our own descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) }, 0);
+        st.st_blocks as u64 * 512
+    }
+}
+
+/// Huge capacities (about 60 GiB of sparse file): 1 G records, 16 M modules (the 94 GB
+/// allocation of issue 8 was `module_count` × sizeof(Module) over such a capacity).
+const HUGE: Capacities = Capacities {
+    nodes: 1 << 30,
+    stacks: 1 << 24,
+    frames: 1 << 26,
+    threads: 1 << 22,
+    modules: 1 << 24,
+};
+
+fn sparse() -> Sparse {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let (_, size) = plan(&HUGE);
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"heapdump-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate and mmap on our own descriptor; the mapping is checked below.
+    let base = unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let base = base as *mut u8;
+    let id = ProcessIdentity {
+        pid: 42,
+        start_ticks: 7,
+        exe_dev: 1,
+        exe_ino: 2,
+        exe_path: b"/bin/sparse",
+        cmdline: b"sparse\0",
+        sample_interval: 0,
+    };
+    // SAFETY: a fresh, zero-filled shared mapping of the planned size that nothing else uses.
+    let w = unsafe { RegionWriter::create(base, size, &HUGE, &id) }.unwrap();
+    let t = w.claim_thread(9, b"main\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+    let s1 = w.append_stack(11, &[0x1000, 0x2000]).unwrap();
+    let (a, b) = w.claim_nodes(32).unwrap();
+    for n in a..b {
+        w.publish_node(n as u32, 0x10_0000 + n * 64, 16, s1, 9, 100 + n);
+        w.count_alloc(s1, t as usize, 16);
+    }
+    w.set_state(vmo_layout::v1::STATE_READY);
+    Sparse {
+        fd,
+        base,
+        len: size,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Counts up to u64::MAX over huge sparse sections, and busy thread slots: the reader
+    /// allocates and commits nothing the file does not hold, and waits once, not per slot.
+    #[test]
+    fn crafted_counts_over_sparse_sections_cost_nothing(
+        counts in prop::collection::vec(prop_oneof![Just(u64::MAX), Just(1u64 << 40), any::<u64>(), 0u64..64], 5),
+        busy in prop::collection::vec(0u64..(1 << 22), 0..64),
+    ) {
+        use vmo_layout::v1::HeaderV1;
+        use std::os::fd::AsFd;
+        let r = sparse();
+        // SAFETY: the header lies at the start of the mapping; nothing else writes it now.
+        let h = unsafe { &*(r.base as *const HeaderV1) };
+        h.node_cursor.store(counts[0], Ordering::Relaxed);
+        h.stack_count.store(counts[1], Ordering::Relaxed);
+        h.frame_cursor.store(counts[2], Ordering::Relaxed);
+        h.thread_count.store(counts[3], Ordering::Relaxed);
+        h.module_count.store(counts[4], Ordering::Relaxed);
+        let threads_at = vmo_layout::v1::plan(&HUGE).0[section_index(5)].offset;
+        for &slot in &busy {
+            // SAFETY: op_seq of slot `slot`, inside the threads section of the mapping.
+            let op = unsafe { &*(r.base.add((threads_at + slot * 128) as usize) as *const std::sync::atomic::AtomicU64) };
+            op.store(1, Ordering::Relaxed);
+        }
+        let before = r.committed();
+        let started = std::time::Instant::now();
+        // SAFETY: the mapping lives as long as `r`, writable and shared.
+        let region = unsafe { Region::from_raw(r.base, r.len, true) }.unwrap().with_file(r.fd.as_fd());
+        let _ = region.info();
+        let meta = region.snapshot(&SnapshotOptions {
+            live: true,
+            wait_timeout: std::time::Duration::from_millis(20),
+            ..SnapshotOptions::default()
+        }, |_| {});
+        prop_assert_eq!(meta.blocks, counts[0].min(32));
+        let mut ids = 0;
+        region.for_each_stack_id(|id| {
+            ids += 1;
+            let _ = region.stack(id);
+        });
+        prop_assert!(ids <= 4096 / 32 * 2, "{} stack ids read", ids);
+        let totals = region.all_stack_totals();
+        prop_assert!(totals.len() <= 1, "{:?}", totals);
+        prop_assert!(region.threads().len() <= 32 + busy.len() * 32);
+        prop_assert!(region.modules().is_empty());
+        let took = started.elapsed();
+        prop_assert!(took < std::time::Duration::from_secs(2), "took {:?}", took);
+        prop_assert_eq!(r.committed(), before, "reading committed pages of the sparse file");
+    }
+}
+
+/// Index in `plan()`'s output of section `kind`.
+fn section_index(kind: u32) -> usize {
+    kind as usize - 1
+}
