@@ -111,21 +111,20 @@ pub fn collect(
     }
     let info = region.info();
     let mut alloc_totals = HashMap::new();
-    let mut stacks = HashMap::new();
-    let want = |id: u32, stacks: &mut HashMap<u32, Vec<u64>>| {
-        if id != u32::MAX && !stacks.contains_key(&id) {
-            stacks.insert(id, region.stack(id).unwrap_or_default());
-        }
-    };
+    let mut wanted = std::collections::HashSet::new();
     for (id, (n, b)) in region.all_stack_totals() {
         if n > 0 {
             let w = weight(b as f64 / n as f64, interval);
             alloc_totals.insert(id, (n as f64 * w, b as f64 * w));
-            want(id, &mut stacks);
+            wanted.insert(id);
         }
     }
-    for &(s, _, _) in inuse.keys() {
-        want(s, &mut stacks);
+    wanted.extend(inuse.keys().map(|&(s, _, _)| s));
+    wanted.remove(&u32::MAX);
+    // Invalid or unpublished stacks are kept as empty ones.
+    let mut stacks = region.stacks(wanted.iter().copied());
+    for id in wanted {
+        stacks.entry(id).or_default();
     }
     // Symbolization opens the module files: a module path that is not a regular file (a FIFO
     // would block the open forever) is marked so that it is left alone, with a warning.

@@ -610,6 +610,54 @@ impl<'a> Region<'a> {
         });
     }
 
+    /// Frames (leaf first) of each stack of `ids` that is a valid, published entry, as
+    /// [`Self::stack`] reads them; but with [`Self::with_file`], an entry or frames lying in a
+    /// hole of the file are not read (they cannot have been published, and reading them
+    /// through the mapping would allocate their pages): the data runs of both sections are
+    /// found once, so this costs no system call per stack.
+    pub fn stacks(
+        &self,
+        ids: impl IntoIterator<Item = u32>,
+    ) -> std::collections::HashMap<u32, Vec<u64>> {
+        let runs = |kind: u32| {
+            let mut v: Vec<(u64, u64)> = Vec::new();
+            self.data_runs(kind, self.cap(kind), |a, b| {
+                v.push((a, b));
+                true
+            });
+            v
+        };
+        // Whether [a, b) lies within one run.
+        let inside = |runs: &[(u64, u64)], a: u64, b: u64| {
+            let i = runs.partition_point(|r| r.1 <= a);
+            runs.get(i).is_some_and(|r| r.0 <= a && b <= r.1)
+        };
+        let (entries, frames) = (runs(section::STACK_ENTRIES), runs(section::STACK_FRAMES));
+        let mut out = std::collections::HashMap::new();
+        for id in ids {
+            let id64 = id as u64;
+            if !inside(&entries, id64, id64 + 1) {
+                continue;
+            }
+            let Some(e) = self.at::<StackEntryV1>(section::STACK_ENTRIES, id64) else {
+                continue;
+            };
+            let df = e.depth_flags.load(Ordering::Acquire);
+            let depth = (df & 0xffff) as u64;
+            let off = e.frames_offset.load(Ordering::Relaxed) as u64;
+            if df & STACK_PUBLISHED == 0
+                || depth as usize > MAX_FRAMES
+                || !inside(&frames, off, off + depth)
+            {
+                continue;
+            }
+            if let Some(f) = self.stack(id) {
+                out.insert(id, f);
+            }
+        }
+        out
+    }
+
     /// Frames of stack `id` (leaf first), or `None` if it is not a valid, published entry.
     pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
         let e = self.at::<StackEntryV1>(section::STACK_ENTRIES, id as u64)?;
