@@ -4,11 +4,17 @@
 //! use; every loop is bounded by a capacity the header declares and the mapping can hold. A
 //! corrupt region yields an error or fewer records, never a panic or an unbounded allocation.
 //!
+//! Every table is read only where the file holds data when the reader knows the file
+//! ([`Region::with_file`]): reading a hole of a sparse tmpfs file through a mapping would
+//! allocate it.
+//!
 //! Snapshot protocol for a live writer (the argument is in `ARCHITECTURE.md`):
-//! 1. store a lease `L = now` in the header (SeqCst); writers stop recycling nodes freed at or
-//!    after `L`;
+//! 1. store a lease `L = now` in the header (SeqCst), after the identity of its holder
+//!    (`lease_pid`, `lease_start_ticks`: writers free the lease of a dead holder) and with
+//!    `L > lease_last`; writers stop recycling nodes freed at or after `L`;
 //! 2. read the snapshot time `T = now`;
-//! 3. for every thread slot that is inside an operation, wait until that operation ends;
+//! 3. for every thread slot that is inside an operation, wait until that operation ends
+//!    (one wait budget for all slots together);
 //! 4. scan the allocations table: a node is live at `T` iff `t_alloc <= T < t_free`, read under
 //!    the node's seqlock (`t_alloc` before and after);
 //! 5. clear the lease.

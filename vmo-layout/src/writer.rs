@@ -1,7 +1,9 @@
 //! The writer side: lays out a fresh region and performs the insert/erase protocol on it.
 //!
 //! Nothing here allocates or locks, and system calls are made only by [`Backing`], once per
-//! chunk of a section that the region grows into; the shim calls these functions from inside
+//! chunk of a section that the region grows into, and by the liveness check of a lease's
+//! holder ([`RegionWriter::lease_holder_gone`], at most every few ms, only while a lease blocks
+//! recycling); the shim calls these functions from inside
 //! `malloc`. Concurrency contract (see `ARCHITECTURE.md`):
 //!
 //! * a node is written only by the thread that took it from the pool (or erases it);
