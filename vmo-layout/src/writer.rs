@@ -863,3 +863,92 @@ fn copy_truncated(dst: &mut [u8], src: &[u8]) {
     let n = src.len().min(dst.len() - 1);
     dst[..n].copy_from_slice(&src[..n]);
 }
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    /// Start time of process `pid` from `/proc/PID/stat` (field 22).
+    fn start_ticks(pid: u32) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = &s[s.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(19).unwrap().parse().unwrap()
+    }
+
+    /// A lease blocks the rewrite of a node freed after it while its holder lives; a dead
+    /// holder's (gone, or its pid reused by a process started at another time) is cleared by
+    /// the writer, at most once per `LEASE_CHECK_NS`, and an unknown holder's is kept.
+    #[test]
+    fn dead_holders_lease_is_cleared_live_and_unknown_ones_kept() {
+        let caps = Capacities {
+            nodes: 64,
+            stacks: 4,
+            frames: 64,
+            threads: 2,
+            modules: 1,
+        };
+        let (_, size) = plan(&caps);
+        let mut buf = vec![0u64; size as usize / 8];
+        let id = ProcessIdentity {
+            pid: 1,
+            start_ticks: 1,
+            exe_dev: 0,
+            exe_ino: 0,
+            exe_path: b"/x",
+            cmdline: b"x",
+            sample_interval: 0,
+        };
+        // SAFETY: a zeroed, 8-aligned buffer of the planned size that nothing else touches.
+        let w =
+            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &caps, &id) }.unwrap();
+        let (n, _) = w.claim_nodes(1).unwrap();
+        let n = n as u32;
+        w.publish_node(n, 0x1000, 8, 0, 1, 100);
+        w.erase_node(n, 2_000);
+        let h = w.header();
+        let me = std::process::id();
+        // A dead process: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let mut now = 1_000_000_000u64;
+        let mut step = || {
+            now += 2 * LEASE_CHECK_NS;
+            now
+        };
+        for (pid, ticks, holder_alive) in [
+            (me, start_ticks(me), true),
+            (me, 0, true),                    // no start time recorded: the pid alone
+            (0, 0, true),                     // unknown holder: only LEASE_NS frees it
+            (me, start_ticks(me) + 1, false), // the pid now belongs to another process
+            (dead, 12345, false),
+        ] {
+            h.lease_pid.store(pid, Ordering::SeqCst);
+            h.lease_start_ticks.store(ticks, Ordering::SeqCst);
+            h.lease.store(1_000, Ordering::SeqCst); // before the free at 2_000: blocks
+            let t = step();
+            assert_eq!(w.node_reusable(n, t), !holder_alive, "holder {pid}/{ticks}");
+            assert_eq!(
+                h.lease.load(Ordering::SeqCst) == 0,
+                !holder_alive,
+                "lease of holder {pid}/{ticks}"
+            );
+            // Within LEASE_CHECK_NS of the last check nothing is checked again.
+            h.lease.store(1_000, Ordering::SeqCst);
+            h.lease_pid.store(dead, Ordering::SeqCst);
+            assert!(!w.node_reusable(n, t + 1), "rate limit");
+            assert_eq!(h.lease.load(Ordering::SeqCst), 1_000);
+        }
+        // A newer lease is never cleared by a writer that loaded an older one.
+        h.lease.store(5_000, Ordering::SeqCst);
+        assert!(!w.lease_holder_gone(1_000, step()));
+        assert_eq!(h.lease.load(Ordering::SeqCst), 5_000);
+        // errno is preserved (kill set ESRCH).
+        // SAFETY: the calling thread's errno.
+        unsafe { *libc::__errno_location() = 1234 };
+        h.lease.store(1_000, Ordering::SeqCst);
+        assert!(w.node_reusable(n, step()));
+        // SAFETY: as above.
+        assert_eq!(unsafe { *libc::__errno_location() }, 1234);
+    }
+}
