@@ -44,7 +44,16 @@ fn scan() -> Result<Vec<Entry>> {
     let mut out = Vec::new();
     for f in &files {
         let newer = regions::has_newer(&files, f);
-        match regions::open(&f.path).and_then(|o| Ok(o.region()?.info())) {
+        // A region truncated while its header is read shows zeros instead of killing us
+        // (see `regions::truncation`): report it as unreadable.
+        let read = |o: regions::Opened| -> Result<vmo_layout::RegionInfo> {
+            let info = o.region()?.info();
+            match o.truncated() {
+                Some(why) => bail!("{why}"),
+                None => Ok(info),
+            }
+        };
+        match regions::open(&f.path).and_then(read) {
             Ok(info) => {
                 let liveness = regions::liveness(&info, f, newer);
                 out.push(Entry {
