@@ -555,3 +555,30 @@ fn kept_region_includes_exit_handlers() {
     assert_eq!(sum_through(&p, "main")[2..], [0, 0]);
     let _ = std::fs::remove_file(&out);
 }
+
+/// B4 (documented limitation): a process that `exec`s a program without the shim (an empty
+/// environment, a static binary) leaves the region of its image before `exec`; the collector
+/// shows it as exited while the new image runs, and `heapdump gc` removes it.
+#[test]
+fn exec_without_the_shim_leaves_an_exited_region_gc_removes() {
+    let exe = compile_c("exec_bare", &[]);
+    let dir = region_dir("exec-bare");
+    let mut r = start(Command::new(&exe), &dir, true);
+    // Wait until the exec happened (the process's executable is sleep).
+    let pid = r.pid();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| !p.to_string_lossy().contains("sleep"))
+        .unwrap_or(false)
+    {
+        assert!(std::time::Instant::now() < deadline, "no exec");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let list = list_json(&dir);
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["status"], "exited", "{list:?}");
+    let (ok, _, err) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{err}");
+    assert!(list_json(&dir).is_empty());
+    let _ = r.child.kill();
+}
