@@ -5,30 +5,11 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const KIB: i64 = 1024;
 const MIB: i64 = 1024 * 1024;
-
-/// Builds `examples/c/SRC` as the shared library `target/.../test-bins/NAME` with `extra` flags.
-fn compile_lib(src: &str, name: &str, extra: &[&str]) -> PathBuf {
-    let lib = target_dir().join("test-bins").join(name);
-    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer"])
-        .arg("-fno-optimize-sibling-calls")
-        .args(extra)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(root().join("examples/c").join(src))
-        .status()
-        .expect("cc (gcc) must be installed");
-    assert!(st.success(), "compiling {src}");
-    std::fs::rename(&tmp, &lib).unwrap();
-    lib
-}
 
 /// File names of the mappings of `profile` that hold a location through function `f`.
 fn mappings_through(profile: &Path, f: &str) -> Vec<String> {

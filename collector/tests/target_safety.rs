@@ -299,19 +299,7 @@ fn raw_fork_child_leaves_the_parent_region_intact() {
 /// gone, blocks the library allocates and main frees are gone, the rest are there.
 #[test]
 fn deepbind_library_allocations_are_exact() {
-    let lib = target_dir().join("test-bins/libdeep.so");
-    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer"])
-        .arg("-fno-optimize-sibling-calls")
-        .arg("-o")
-        .arg(&tmp)
-        .arg(root().join("examples/c/deeplib.c"))
-        .status()
-        .unwrap();
-    assert!(st.success());
-    std::fs::rename(&tmp, &lib).unwrap();
+    let lib = compile_lib("deeplib.c", "libdeep.so", &[]);
     let exe = compile_c("deepbind", &["-ldl", "-fno-optimize-sibling-calls"]);
     for unwind in ["dwarf", "fp"] {
         let dir = region_dir(&format!("deepbind-{unwind}"));
@@ -338,15 +326,7 @@ fn deepbind_library_allocations_are_exact() {
 /// after the dlopens within 256 KiB (the current list of 200+ objects).
 #[test]
 fn shim_memory_stays_out_of_the_program_heap() {
-    let lib = target_dir().join("test-bins/libmem0.so");
-    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(root().join("examples/c/plugin.c"))
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let lib = compile_lib("plugin.c", "libmem0.so", &[]);
     let libs: Vec<PathBuf> = (1..=200)
         .map(|i| {
             let p = target_dir().join(format!("test-bins/libmem{i}.so"));
@@ -412,19 +392,7 @@ fn blocks_through_both(p: &heapdump_proto::Profile, inner: &str, outer: &str) ->
 /// complete stacks through the loader, as heaptrack shows them.
 #[test]
 fn constructor_allocations_have_complete_stacks() {
-    let lib = target_dir().join("test-bins/libctor.so");
-    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-g", "-fomit-frame-pointer"])
-        .arg("-fno-optimize-sibling-calls")
-        .arg("-o")
-        .arg(&tmp)
-        .arg(root().join("examples/c/ctor_lib.c"))
-        .status()
-        .unwrap();
-    assert!(st.success());
-    std::fs::rename(&tmp, &lib).unwrap();
+    let lib = compile_lib("ctor_lib.c", "libctor.so", &["-O2", "-fomit-frame-pointer"]);
     let exe = compile_c("dlopener", &["-ldl"]);
     let dir = region_dir("ctor");
     let mut cmd = Command::new(&exe);

@@ -464,3 +464,23 @@ pub fn region_file(dir: &Path) -> PathBuf {
     );
     files[0].clone()
 }
+
+/// Builds `examples/c/SRC` as the shared library `target/.../test-bins/NAME` with `extra` flags
+/// (given last, so they override the defaults: frame pointers, -O1, no sibling calls).
+pub fn compile_lib(src: &str, name: &str, extra: &[&str]) -> PathBuf {
+    let lib = target_dir().join("test-bins").join(name);
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let tmp = lib.with_extension(format!("tmp{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer"])
+        .arg("-fno-optimize-sibling-calls")
+        .args(extra)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(root().join("examples/c").join(src))
+        .status()
+        .expect("cc (gcc) must be installed");
+    assert!(st.success(), "compiling {src}");
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
+}
