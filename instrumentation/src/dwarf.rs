@@ -194,10 +194,7 @@ impl Cache {
         if slot.key == key {
             return slot.rule;
         }
-        let rule = compute(objects, &mut self.ctx, key);
-        if rule == RULE_FRAME_POINTER && objects.find(key).is_none() {
-            self.missed = true;
-        }
+        let rule = compute(objects, &mut self.ctx, key, &mut self.missed);
         *slot = Slot { key, rule };
         rule
     }
@@ -396,8 +393,15 @@ fn object(base: u64, phdrs: &[libc::Elf64_Phdr]) -> Option<Object> {
 
 /// The rule for code address `key`, from its object's CFI.
 #[cold]
-fn compute(objects: &Objects, ctx: &mut UnwindContext<usize, Fixed>, key: u64) -> Rule {
+fn compute(
+    objects: &Objects,
+    ctx: &mut UnwindContext<usize, Fixed>,
+    key: u64,
+    missed: &mut bool,
+) -> Rule {
     let Some(o) = objects.find(key) else {
+        // In no known object: the list may be stale (see `take_stale`).
+        *missed = true;
         return RULE_FRAME_POINTER;
     };
     let Some(table) = o.hdr.table() else {

@@ -126,19 +126,11 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
         (Some(cache), start) => {
-            let cfi = |cache: &mut crate::dwarf::Cache, frames: &mut [u64; MAX_FRAMES]| match start
-            {
-                Start::FramePointer(fp) => crate::dwarf::walk(fp, hi, cache, frames),
-                Start::Here { pc, sp, fp } => {
-                    crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, frames)
-                }
-            };
-            let n = cfi(cache, &mut frames);
+            let n = cfi_walk(start, hi, cache, &mut frames);
             // Code of an object loaded since the list was built (a library's constructor,
             // running inside dlopen before the hook's refresh): rebuild and walk again.
             if crate::dwarf::take_stale(cache) {
-                state::rebuild_unwind_tables(t);
-                cfi(cache, &mut frames)
+                rewalk(t, start, hi, cache, &mut frames)
             } else {
                 n
             }
@@ -148,6 +140,36 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, hi, &mut frames);
     intern(g, t, &frames[..n])
+}
+
+/// A CFI walk from `start` (see [`crate::dwarf::walk`] and [`crate::dwarf::walk_from`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn cfi_walk(
+    start: Start,
+    hi: usize,
+    cache: &mut crate::dwarf::Cache,
+    frames: &mut [u64; MAX_FRAMES],
+) -> usize {
+    match start {
+        Start::FramePointer(fp) => crate::dwarf::walk(fp, hi, cache, frames),
+        Start::Here { pc, sp, fp } => crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, frames),
+    }
+}
+
+/// Rebuilds the unwinder's object list and walks again (rare: see `stack_id`).
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+fn rewalk(
+    t: &Tls,
+    start: Start,
+    hi: usize,
+    cache: &mut crate::dwarf::Cache,
+    frames: &mut [u64; MAX_FRAMES],
+) -> usize {
+    state::rebuild_unwind_tables(t);
+    cfi_walk(start, hi, cache, frames)
 }
 
 /// The stack id of `frames` (interned in the region if new), `u32::MAX` when not recorded.
