@@ -26,9 +26,41 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Run a command with the heapdump shim preloaded; exits with the command's status.
     Run(RunArgs),
+    /// Find the live blocks of a running process that no pointer chain from a root reaches
+    /// (leaks), by scanning the blocks' contents, as LeakSanitizer does, without stopping it.
+    Leaks(LeaksArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
+}
+
+/// `heapdump leaks`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+#[command(
+    after_help = "A block is reachable when a chain of pointers leads to it from a root: a \
+writable segment of a loaded module (globals), a thread's stack, a mapping the program manages \
+itself. The others are leaked: \"direct\" when no other leaked block points to them, \"indirect\" \
+when only leaked blocks do (LeakSanitizer's terms). Reading another process's memory needs the \
+right to ptrace it (same user with ptrace_scope 0, or root). The program keeps running: a pointer \
+moved while the scan runs can make a reachable block look leaked; run it twice to be sure."
+)]
+pub struct LeaksArgs {
+    /// Process id of the target.
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target; must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// Print one JSON object per leak group instead of a report.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the leaked blocks as a gzip-compressed pprof profile (`-` for stdout).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
 }
 
 /// `heapdump gc`.

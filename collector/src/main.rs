@@ -5,6 +5,7 @@
 //! building and writing).
 
 mod cli;
+mod graph;
 mod pprof;
 mod regions;
 mod snapshot;
@@ -12,7 +13,7 @@ mod symbolize;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, GcArgs, ListArgs, RunArgs, SnapshotProps, Target};
+use cli::{Cli, Command, GcArgs, LeaksArgs, ListArgs, RunArgs, SnapshotProps, Target};
 use regions::{Liveness, RegionFile};
 use std::path::PathBuf;
 
@@ -23,6 +24,7 @@ fn main() {
         Command::Snapshot(a) => snapshot(a.into()),
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
+        Command::Leaks(a) => leaks(a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");
@@ -478,4 +480,203 @@ mod forward {
             _ => (126, e.to_string()),
         }
     }
+}
+
+/// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
+fn leaks(a: LeaksArgs) -> Result<()> {
+    use graph::leaks::Status;
+    let target = match (a.by_pid, a.by_name) {
+        (Some(p), _) => Target::Pid(p),
+        (_, Some(n)) => Target::Name(n),
+        _ => unreachable!("clap requires one target"),
+    };
+    let (path, file) = pick(&target)?;
+    let opened = regions::open(&path)?;
+    let info = opened.region()?.info();
+    let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
+    let liveness = match &file {
+        Some(f) => regions::liveness(&info, f, regions::has_newer(&files, f)),
+        None => Liveness::Exited,
+    };
+    if liveness != Liveness::Alive {
+        bail!(
+            "pid {} has exited: a post-mortem region records blocks but not their contents, so \
+             leaks can only be found in a running process",
+            info.pid
+        );
+    }
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    let stage = |what: &str| {
+        if progress {
+            eprintln!(
+                "heapdump: [{:>6.2} s] {what}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    stage(&format!("snapshotting pid {}", info.pid));
+    let timeout = std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9));
+    let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
+    for w in &c.meta.warnings {
+        eprintln!("heapdump: warning: {w}");
+    }
+    let blocks: Vec<graph::Block> = c
+        .blocks
+        .take()
+        .unwrap_or_default()
+        .iter()
+        .map(|b| graph::Block {
+            address: b.address,
+            size: b.size,
+            stack: b.stack,
+            thread: b.thread,
+        })
+        .collect();
+    let (g, stats) = graph::scan::build(info.pid, blocks, &c.modules, &path, &stage)?;
+    stage("finding what is reachable");
+    let status = graph::leaks::classify(&g);
+
+    // Leak groups: (status, stack) -> (blocks, bytes), largest first.
+    let mut groups: std::collections::HashMap<(Status, u32), (u64, u64)> = Default::default();
+    let mut inuse: std::collections::HashMap<(u32, u32, u64), (f64, f64)> = Default::default();
+    for (b, s) in g.blocks.iter().zip(&status) {
+        if *s == Status::Reachable {
+            continue;
+        }
+        let e = groups.entry((*s, b.stack)).or_default();
+        e.0 += 1;
+        e.1 += b.size;
+        let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
+        e.0 += 1.0;
+        e.1 += b.size as f64;
+    }
+    let mut groups: Vec<((Status, u32), (u64, u64))> = groups.into_iter().collect();
+    groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
+    stage("symbolizing");
+    let names = stack_names(&c, groups.iter().map(|g| g.0 .1));
+    let (direct, indirect) =
+        groups
+            .iter()
+            .fold((0u64, 0u64), |acc, ((s, _), (_, bytes))| match s {
+                Status::Direct => (acc.0 + bytes, acc.1),
+                _ => (acc.0, acc.1 + bytes),
+            });
+    if a.json {
+        let v: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|((s, stack), (blocks, bytes))| {
+                serde_json::json!({
+                    "kind": s.as_str(),
+                    "blocks": blocks,
+                    "bytes": bytes,
+                    "frames": names.get(stack).cloned().unwrap_or_default(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for ((s, stack), (blocks, bytes)) in &groups {
+            let kind = if *s == Status::Direct {
+                "Direct"
+            } else {
+                "Indirect"
+            };
+            println!("{kind} leak of {bytes} byte(s) in {blocks} object(s) allocated from:");
+            match names.get(stack) {
+                Some(f) if !f.is_empty() => {
+                    for (i, n) in f.iter().enumerate() {
+                        println!("    #{i} {n}");
+                    }
+                }
+                _ => println!("    (no stack trace recorded)"),
+            }
+            println!();
+        }
+        let count = |k: Status| {
+            groups
+                .iter()
+                .filter(|g| g.0 .0 == k)
+                .map(|g| g.1 .0)
+                .sum::<u64>()
+        };
+        println!(
+            "SUMMARY: heapdump: {} byte(s) leaked in {} allocation(s) ({} direct bytes, {} indirect) \
+             of {} live blocks; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+            direct + indirect,
+            count(Status::Direct) + count(Status::Indirect),
+            direct,
+            indirect,
+            g.blocks.len(),
+            stats.bytes_read,
+            stats.root_bytes,
+            g.roots.len(),
+            stats.seconds,
+            if stats.vanished > 0 {
+                format!("; {} blocks freed meanwhile could not be read", stats.vanished)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(out) = &a.output {
+        c.inuse = inuse;
+        c.alloc_totals.clear();
+        let (profile, _) = pprof::build(
+            &c,
+            pprof::Options {
+                with_tags: false,
+                symbolize: true,
+            },
+        );
+        pprof::write(&profile, None, out)?;
+    }
+    Ok(())
+}
+
+/// Function names of the given stacks, innermost first, the shim's own frames left out (as in
+/// the profiles).
+fn stack_names(
+    c: &snapshot::Collected,
+    stacks: impl Iterator<Item = u32>,
+) -> std::collections::HashMap<u32, Vec<String>> {
+    let stacks: Vec<u32> = stacks.collect();
+    let mut addrs: Vec<u64> = stacks
+        .iter()
+        .filter_map(|s| c.stacks.get(s))
+        .flatten()
+        .map(|pc| pc.wrapping_sub(1))
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let resolved = symbolize::symbolize(&c.modules, &addrs);
+    let mut out = std::collections::HashMap::new();
+    for s in stacks {
+        let Some(frames) = c.stacks.get(&s) else {
+            continue;
+        };
+        let mut names = Vec::new();
+        let mut leaf = true;
+        for pc in frames {
+            let a = pc.wrapping_sub(1);
+            let Some(r) = resolved.get(&a) else {
+                names.push(format!("{a:#x}"));
+                leaf = false;
+                continue;
+            };
+            if leaf && pprof::is_shim_frame(r, &c.modules) {
+                continue;
+            }
+            leaf = false;
+            if r.frames.is_empty() {
+                let m = r
+                    .module
+                    .map(|m| c.modules[m].path.rsplit('/').next().unwrap_or(""));
+                names.push(format!("{a:#x} ({})", m.unwrap_or("?")));
+            }
+            names.extend(r.frames.iter().map(|f| f.function.clone()));
+        }
+        out.insert(s, names);
+    }
+    out
 }

@@ -47,7 +47,9 @@ impl Strings {
     }
 }
 
-fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
+/// Whether a resolved frame is the shim's own (in `libheapdump.so`, or a function of the
+/// recording path): leaf frames like these are stripped from stack traces.
+pub fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
     if let Some(m) = r.module {
         if modules[m].path.ends_with("/libheapdump.so") {
             return true;

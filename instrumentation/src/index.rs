@@ -18,6 +18,12 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 /// Number of shards (a power of two).
 pub const SHARDS: usize = 256;
 const EMPTY: u64 = 0;
+
+/// Addresses are stored with their top 16 bits flipped (`address ^ HIDE`): a value no user-space
+/// pointer can have (x86-64 and AArch64 user addresses are below 2^48), so a conservative scan
+/// of this process's memory — the collector's reference scan, LeakSanitizer, Boehm's collector
+/// — does not take the index for a root that points at every live block. Never `EMPTY`.
+const HIDE: u64 = 0xffff << 48;
 const MIN_CAP: usize = 256;
 
 #[repr(C)]
@@ -121,6 +127,7 @@ impl AddressIndex {
     /// later [`Self::insert`] or [`Self::remove`] of it does not wait for memory.
     #[inline]
     pub fn prefetch(&self, address: u64) {
+        let address = address ^ HIDE;
         let shard = self.shard(hash(address));
         let cap = shard.hint_cap.load(Ordering::Relaxed);
         let entries = shard.hint_entries.load(Ordering::Relaxed);
@@ -137,6 +144,7 @@ impl AddressIndex {
     /// # Errors
     /// [`OutOfMemory`] when memory for a larger table could not be mapped.
     pub fn insert(&self, address: u64, node: u32, size: u32) -> Result<Option<u32>, OutOfMemory> {
+        let address = address ^ HIDE;
         debug_assert!(address != EMPTY);
         let h = hash(address);
         let shard = self.shard(h);
@@ -156,6 +164,7 @@ impl AddressIndex {
     /// Removes `address`, returning its node and size (as given to `insert`), or `None` if it
     /// is not indexed.
     pub fn remove(&self, address: u64) -> Option<(u32, u32)> {
+        let address = address ^ HIDE;
         let h = hash(address);
         let shard = self.shard(h);
         shard.lock.lock();
@@ -193,7 +202,7 @@ impl AddressIndex {
             (0..cap).filter_map(move |i| {
                 // SAFETY: i < cap, and the table is not modified meanwhile (contract).
                 let e = unsafe { *entries.add(i) };
-                (e.address != EMPTY).then_some((e.address, e.node))
+                (e.address != EMPTY).then_some((e.address ^ HIDE, e.node))
             })
         })
     }
