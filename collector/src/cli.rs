@@ -29,6 +29,13 @@ pub enum Command {
     /// Find the live blocks of a running process that no pointer chain from a root reaches
     /// (leaks), by scanning the blocks' contents, as LeakSanitizer does, without stopping it.
     Leaks(LeaksArgs),
+    /// Show who keeps blocks alive: the shortest chains of references from a root to the
+    /// blocks allocated under a function, aggregated and ranked by bytes.
+    Retainers(RetainersArgs),
+    /// Write the reference graph of a running process: an ownership flame graph (`.svg`:
+    /// from each root through the allocation sites of the blocks that hold the rest; width =
+    /// bytes) or a Chrome DevTools heap snapshot (`.heapsnapshot`, Memory panel > Load).
+    Graph(GraphArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
@@ -58,6 +65,48 @@ pub struct LeaksArgs {
     /// Also write the leaked blocks as a gzip-compressed pprof profile (`-` for stdout).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
+}
+
+/// `heapdump retainers`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+pub struct RetainersArgs {
+    /// Process id of the target.
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target; must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// Blocks allocated under a frame whose function matches this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    pub function: String,
+    /// Print one JSON object per chain.
+    #[arg(long)]
+    pub json: bool,
+    /// Chains to show, largest first.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
+}
+
+/// `heapdump graph`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+pub struct GraphArgs {
+    /// Process id of the target.
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target; must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// Output: `FILE.svg` (ownership flame graph) or `FILE.heapsnapshot` (Chrome DevTools).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,

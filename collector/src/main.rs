@@ -13,7 +13,10 @@ mod symbolize;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, GcArgs, LeaksArgs, ListArgs, RunArgs, SnapshotProps, Target};
+use cli::{
+    Cli, Command, GcArgs, GraphArgs, LeaksArgs, ListArgs, RetainersArgs, RunArgs, SnapshotProps,
+    Target,
+};
 use regions::{Liveness, RegionFile};
 use std::path::PathBuf;
 
@@ -25,6 +28,8 @@ fn main() {
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
         Command::Leaks(a) => leaks(a),
+        Command::Retainers(a) => retainers(a),
+        Command::Graph(a) => graph_cmd(a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");
@@ -482,14 +487,15 @@ mod forward {
     }
 }
 
-/// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
-fn leaks(a: LeaksArgs) -> Result<()> {
-    use graph::leaks::Status;
-    let target = match (a.by_pid, a.by_name) {
-        (Some(p), _) => Target::Pid(p),
-        (_, Some(n)) => Target::Name(n),
-        _ => unreachable!("clap requires one target"),
-    };
+/// A running process's snapshot with its reference graph.
+struct Captured {
+    c: snapshot::Collected,
+    g: graph::Graph,
+    stats: graph::scan::ScanStats,
+}
+
+/// Snapshots `target` and builds its reference graph (`leaks`, `retainers`, `graph`).
+fn capture(target: Target, lock_timeout: f64, stage: &dyn Fn(&str)) -> Result<Captured> {
     let (path, file) = pick(&target)?;
     let opened = regions::open(&path)?;
     let info = opened.region()?.info();
@@ -501,22 +507,12 @@ fn leaks(a: LeaksArgs) -> Result<()> {
     if liveness != Liveness::Alive {
         bail!(
             "pid {} has exited: a post-mortem region records blocks but not their contents, so \
-             leaks can only be found in a running process",
+             the reference graph can only be built for a running process",
             info.pid
         );
     }
-    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let started = std::time::Instant::now();
-    let stage = |what: &str| {
-        if progress {
-            eprintln!(
-                "heapdump: [{:>6.2} s] {what}",
-                started.elapsed().as_secs_f64()
-            );
-        }
-    };
     stage(&format!("snapshotting pid {}", info.pid));
-    let timeout = std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9));
+    let timeout = std::time::Duration::from_secs_f64(lock_timeout.clamp(0.0, 1e9));
     let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
@@ -533,7 +529,38 @@ fn leaks(a: LeaksArgs) -> Result<()> {
             thread: b.thread,
         })
         .collect();
-    let (g, stats) = graph::scan::build(info.pid, blocks, &c.modules, &path, &stage)?;
+    let (g, stats) = graph::scan::build(info.pid, blocks, &c.modules, &path, stage)?;
+    Ok(Captured { c, g, stats })
+}
+
+/// Stage messages on stderr when it is a terminal.
+fn stages() -> impl Fn(&str) {
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    move |what: &str| {
+        if progress {
+            eprintln!(
+                "heapdump: [{:>6.2} s] {what}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+fn graph_target(by_pid: Option<u32>, by_name: Option<String>) -> Target {
+    match (by_pid, by_name) {
+        (Some(p), _) => Target::Pid(p),
+        (_, Some(n)) => Target::Name(n),
+        _ => unreachable!("clap requires one target"),
+    }
+}
+
+/// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
+fn leaks(a: LeaksArgs) -> Result<()> {
+    use graph::leaks::Status;
+    let stage = stages();
+    let Captured { mut c, g, stats } =
+        capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
     stage("finding what is reachable");
     let status = graph::leaks::classify(&g);
 
@@ -679,4 +706,168 @@ fn stack_names(
         out.insert(s, names);
     }
     out
+}
+
+/// The allocation site of each block's stack: its innermost frame that is not the shim's.
+fn sites(c: &snapshot::Collected, g: &graph::Graph) -> std::collections::HashMap<u32, String> {
+    let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    stack_names(c, stacks.into_iter())
+        .into_iter()
+        .map(|(s, names)| {
+            (
+                s,
+                names
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| "(no stack trace)".to_owned()),
+            )
+        })
+        .collect()
+}
+
+/// The names along a chain: the root's, then each block's allocation site.
+fn chain_names(
+    g: &graph::Graph,
+    sites: &std::collections::HashMap<u32, String>,
+    chain: &[graph::paths::Step],
+) -> Vec<String> {
+    use graph::paths::Step;
+    chain
+        .iter()
+        .map(|s| match *s {
+            Step::Root(r) => g.roots[r].name.clone(),
+            Step::Block(b) => {
+                let st = g.blocks[b as usize].stack;
+                sites
+                    .get(&st)
+                    .cloned()
+                    .unwrap_or_else(|| "(no stack trace)".to_owned())
+            }
+        })
+        .collect()
+}
+
+/// `heapdump retainers`.
+fn retainers(a: RetainersArgs) -> Result<()> {
+    let re = regex::Regex::new(&a.function)
+        .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
+    let stage = stages();
+    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    stage("finding the shortest chains from the roots");
+    let tree = graph::paths::Tree::new(&g);
+    let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    let names = stack_names(&c, stacks.into_iter());
+    let sites = sites(&c, &g);
+    let matching: std::collections::HashSet<u32> = names
+        .iter()
+        .filter(|(_, f)| f.iter().any(|n| re.is_match(n)))
+        .map(|(s, _)| *s)
+        .collect();
+    if matching.is_empty() {
+        bail!(
+            "no live block was allocated under a function matching {:?}",
+            a.function
+        );
+    }
+    let mut chains: std::collections::HashMap<Vec<String>, (u64, u64)> = Default::default();
+    let (mut unreachable, mut unreachable_bytes) = (0u64, 0u64);
+    for (i, b) in g.blocks.iter().enumerate() {
+        if !matching.contains(&b.stack) {
+            continue;
+        }
+        match tree.chain(i as u32) {
+            Some(ch) => {
+                let e = chains.entry(chain_names(&g, &sites, &ch)).or_default();
+                e.0 += 1;
+                e.1 += b.size;
+            }
+            None => {
+                unreachable += 1;
+                unreachable_bytes += b.size;
+            }
+        }
+    }
+    let mut chains: Vec<(Vec<String>, (u64, u64))> = chains.into_iter().collect();
+    chains.sort_by(|x, y| (y.1 .1, y.1 .0, &x.0).cmp(&(x.1 .1, x.1 .0, &y.0)));
+    if a.json {
+        let v: Vec<serde_json::Value> = chains
+            .iter()
+            .take(a.top)
+            .map(|(path, (blocks, bytes))| {
+                serde_json::json!({"chain": path, "blocks": blocks, "bytes": bytes})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for (path, (blocks, bytes)) in chains.iter().take(a.top) {
+        println!("{} → {bytes} bytes in {blocks} blocks", path.join(" → "));
+    }
+    if chains.len() > a.top {
+        println!("({} more chains)", chains.len() - a.top);
+    }
+    if unreachable > 0 {
+        println!(
+            "(unreachable from any root, leaked: {unreachable_bytes} bytes in {unreachable} blocks)"
+        );
+    }
+    Ok(())
+}
+
+/// `heapdump graph -o FILE.svg|FILE.heapsnapshot`.
+fn graph_cmd(a: GraphArgs) -> Result<()> {
+    let ext = a
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_owned();
+    if ext != "svg" {
+        bail!(
+            "{}: the output's name says what to write: FILE.svg (an ownership flame graph)",
+            a.output.display()
+        );
+    }
+    let stage = stages();
+    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    stage("finding the shortest chains from the roots");
+    let tree = graph::paths::Tree::new(&g);
+    let sites = sites(&c, &g);
+    // Collapsed stacks, one line per chain: "root;site;...;site bytes".
+    let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
+    for (i, b) in g.blocks.iter().enumerate() {
+        let names = match tree.chain(i as u32) {
+            Some(ch) => chain_names(&g, &sites, &ch),
+            None => {
+                let st = sites.get(&b.stack).cloned().unwrap_or_default();
+                vec!["(unreachable: leaked)".to_owned(), st]
+            }
+        };
+        let key: Vec<String> = names.iter().map(|n| n.replace(';', ":")).collect();
+        *folded.entry(key.join(";")).or_default() += b.size.max(1);
+    }
+    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = format!(
+        "Ownership: who holds the live heap of pid {} ({})",
+        c.info.pid,
+        regions::command_name(&c.info)
+    );
+    opts.count_name = "bytes".to_owned();
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
+        .context("drawing the flame graph")?;
+    pprof::write_bytes(&svg, &a.output)?;
+    eprintln!(
+        "heapdump: pid {}: {} live blocks, {} roots -> {}",
+        c.info.pid,
+        g.blocks.len(),
+        g.roots.len(),
+        a.output.display()
+    );
+    Ok(())
 }

@@ -458,7 +458,6 @@ pub fn write(
     blocks: Option<&BlockSamples<'_>>,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use anyhow::Context;
     use std::io::Write;
     // Large per-block profiles favour speed over size.
     let level = match blocks {
@@ -479,9 +478,28 @@ pub fn write(
         }
         gz.finish()?.flush()
     };
+    write_with(path, encode)
+}
+
+/// Writes `bytes` to `path` as [`write_with`] does.
+pub fn write_bytes(bytes: &[u8], path: &std::path::Path) -> anyhow::Result<()> {
+    write_with(path, |out| {
+        out.write_all(bytes)?;
+        out.flush()
+    })
+}
+
+/// Writes an output file safely: `-` is standard output; otherwise a temporary file created
+/// exclusively (no symlink followed), mode 0600, in the same directory, renamed into place
+/// when `encode` succeeded. A directory is refused with a clear message.
+pub fn write_with(
+    path: &std::path::Path,
+    encode: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
     if path.as_os_str() == "-" {
         let mut out = std::io::stdout().lock();
-        return encode(&mut out).context("cannot write the profile to standard output");
+        return encode(&mut out).context("cannot write to standard output");
     }
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         anyhow::bail!(

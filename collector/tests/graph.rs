@@ -186,3 +186,85 @@ fn leaks_of_an_exited_process_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// Retainers and the ownership flame graph on a known ownership tree (owners.c: a global table
+/// → 3 buckets → 1000 entries each with a 1 KiB payload): exact chains and bytes.
+#[test]
+fn retainers_and_ownership_flame_graph_of_a_known_tree() {
+    let exe = compile_c("owners", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("owners");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let (ok, json, err) = heapdump_cmd(
+        &dir,
+        &[
+            "retainers",
+            "--by-pid",
+            &pid,
+            "--function",
+            "^make_(payload|entry)$",
+            "--json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let chain = |i: usize| -> Vec<String> {
+        v[i]["chain"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(v.len(), 2, "{json}");
+    let top = [
+        "g_table (owners)",
+        "make_table",
+        "make_bucket",
+        "make_entries",
+        "make_entry",
+    ];
+    assert_eq!(chain(0), [&top[..], &["make_payload"]].concat());
+    assert_eq!(
+        (v[0]["blocks"].as_u64(), v[0]["bytes"].as_u64()),
+        (Some(3000), Some(3_072_000))
+    );
+    assert_eq!(chain(1), top);
+    assert_eq!(
+        (v[1]["blocks"].as_u64(), v[1]["bytes"].as_u64()),
+        (Some(3000), Some(96_000))
+    );
+    let (ok, text, _) = heapdump_cmd(
+        &dir,
+        &["retainers", "--by-pid", &pid, "--function", "make_payload"],
+    );
+    assert!(ok);
+    assert!(
+        text.starts_with("g_table (owners) → make_table → make_bucket → make_entries → make_entry → make_payload → 3072000 bytes in 3000 blocks"),
+        "{text}"
+    );
+
+    // The flame graph: each level's width is the bytes held through it.
+    let svg = dir.with_extension("own.svg");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", svg.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
+    for (name, bytes) in [
+        ("g_table (owners)", "3,192,072"),
+        ("make_table", "3,192,072"),
+        ("make_bucket", "3,192,048"),
+        ("make_entries", "3,192,000"),
+        ("make_entry", "3,168,000"),
+        ("make_payload", "3,072,000"),
+    ] {
+        let title = format!("<title>{name} ({bytes} bytes, ");
+        assert!(text.contains(&title), "{title} not in the flame graph");
+    }
+    let (ok, _, err) = heapdump_cmd(&dir, &["graph", "--by-pid", &pid, "-o", "x.png"]);
+    assert!(!ok && err.contains("FILE.svg"), "{err}");
+    assert_eq!(r.finish(), 0);
+}

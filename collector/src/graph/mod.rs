@@ -14,6 +14,7 @@
 pub mod dominators;
 pub mod heapsnapshot;
 pub mod leaks;
+pub mod paths;
 pub mod scan;
 
 /// One live block: a node of the graph. Blocks are sorted by address and do not overlap.
