@@ -555,9 +555,11 @@ mod tests {
         target.join("devtools-node")
     }
 
-    /// Runs `check.mjs` on the files; `None` if node is not installed (the test is skipped).
+    /// Runs `check.mjs` on the files with `$HEAPDUMP_NODE` (default `node`); `None` if that
+    /// cannot be run (the test is skipped).
     fn devtools(files: &[PathBuf]) -> Option<Vec<serde_json::Value>> {
-        if Command::new("node").arg("--version").output().is_err() {
+        let node = std::env::var_os("HEAPDUMP_NODE").unwrap_or_else(|| "node".into());
+        if Command::new(&node).arg("--version").output().is_err() {
             return None;
         }
         let dir = toolkit_dir();
@@ -579,7 +581,7 @@ mod tests {
             );
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/devtools/check.mjs");
-        let out = Command::new("node")
+        let out = Command::new(&node)
             .arg(script)
             .arg(&dir)
             .args(files)
@@ -762,7 +764,12 @@ mod tests {
             files.push(p);
         }
         let Some(results) = devtools(&files) else {
-            println!("skipped: node is not installed (.ci/run installs nodejs and npm)");
+            // Straight to standard error, where `cargo test` shows it (`println!` is captured).
+            let _ = writeln!(
+                io::stderr().lock(),
+                "skipped: devtools_computes_the_same_retained_sizes: node is not installed \
+                 (.ci/run installs nodejs and npm)"
+            );
             return;
         };
         assert_eq!(results.len(), graphs.len());
