@@ -755,6 +755,31 @@ mod tests {
         let edges: Vec<&[u32]> = edges.iter().map(|e| e.as_slice()).collect();
         graphs.push(("large".into(), graph(&sizes, &edges, roots)));
 
+        // Leaked cycles: 1,000 live blocks (a random graph from 10 roots) and 2,000 leaked
+        // ones on a ring with random chords, also pointing into the live part; no leaked block
+        // is unreferenced, so all 2,000 are reachable only through unreachable cycles.
+        let (live, leaked) = (1000u64, 2000u64);
+        let sizes: Vec<u64> = (0..live + leaked).map(|_| 1 + rng.below(512)).collect();
+        let edges: Vec<Vec<u32>> = (0..live + leaked)
+            .map(|i| {
+                if i < live {
+                    (0..rng.below(4)).map(|_| rng.below(live) as u32).collect()
+                } else {
+                    let next = live + (i - live + 1) % leaked;
+                    let chord = live + rng.below(leaked);
+                    vec![next as u32, chord as u32, rng.below(live) as u32]
+                }
+            })
+            .collect();
+        let roots = (0..10)
+            .map(|j| {
+                let t: Vec<u32> = (0..10).map(|i| (j * 100 + i * 7) as u32).collect();
+                root(kinds[j % 3], &format!("live {j}"), &t)
+            })
+            .collect();
+        let edges: Vec<&[u32]> = edges.iter().map(|e| e.as_slice()).collect();
+        graphs.push(("leaked_cycles".into(), graph(&sizes, &edges, roots)));
+
         let tmp = tempfile::tempdir().unwrap();
         let mut files = Vec::new();
         for (name, g) in &graphs {
@@ -773,7 +798,7 @@ mod tests {
             return;
         };
         assert_eq!(results.len(), graphs.len());
-        let mut under_node_0 = 0;
+        let (mut under_node_0, mut behind_cycles) = (0, 0);
         for ((name, g), r) in graphs.iter().zip(&results) {
             let l = Layout::of(g).unwrap();
             let nums = |k: &str| -> Vec<u64> {
@@ -798,6 +823,11 @@ mod tests {
             let mut sizes = vec![0u64; l.first_block as usize];
             sizes.extend(g.blocks.iter().map(|b| b.size));
             assert_eq!(nums("self_sizes"), sizes, "{name}: self sizes");
+            let total: u64 = g.blocks.iter().map(|b| b.size).sum();
+            assert_eq!(
+                r["statistics"]["native"]["total"], total,
+                "{name}: native total"
+            );
             let (retained, idom) = expected(g);
             assert_eq!(nums("retained"), retained, "{name}: retained sizes");
             let got_idom: Vec<u32> = nums("dominator").iter().map(|&x| x as u32).collect();
@@ -816,16 +846,20 @@ mod tests {
             under_node_0 += (0..g.blocks.len() as u32)
                 .filter(|&b| idom[l.block_node(b) as usize] == 0)
                 .count();
+            let every: Vec<usize> = (0..g.roots.len()).collect();
+            behind_cycles += reach(g, &every).iter().filter(|&&r| !r).count();
         }
-        let large = &results[results.len() - 1];
+        let large = &results[graphs.iter().position(|(n, _)| n == "large").unwrap()];
         println!(
-            "devtools: {} files agree; large: {} nodes, {} edges, root retains {} bytes; {} \
-             blocks in all immediately dominated by node 0",
+            "devtools: {} files agree; large: {} nodes, {} edges, root retains {} bytes; in all, \
+             {} blocks immediately dominated by node 0, {} reachable only through unreachable \
+             cycles",
             results.len(),
             large["node_count"],
             large["edge_count"],
             large["retained"][0],
-            under_node_0
+            under_node_0,
+            behind_cycles
         );
     }
 }
