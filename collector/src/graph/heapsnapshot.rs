@@ -612,21 +612,17 @@ mod tests {
                 }
             }
         }
-        let mut live = vec![false; n];
-        let mut todo: Vec<u32> = Vec::new();
-        let all: Vec<u32> = g.roots.iter().flat_map(|r| r.targets.clone()).collect();
         let mut seen_from_roots = vec![false; n];
-        let mut stack = all.clone();
+        let mut stack: Vec<u32> = g.roots.iter().flat_map(|r| r.targets.clone()).collect();
         while let Some(b) = stack.pop() {
             if !std::mem::replace(&mut seen_from_roots[b as usize], true) {
                 stack.extend_from_slice(g.edges(b));
             }
         }
-        for b in 0..n {
-            if !seen_from_roots[b] && !referred[b] {
-                todo.push(b as u32);
-            }
-        }
+        let mut live = vec![false; n];
+        let mut todo: Vec<u32> = (0..n as u32)
+            .filter(|&b| !seen_from_roots[b as usize] && !referred[b as usize])
+            .collect();
         for &j in roots {
             todo.extend_from_slice(&g.roots[j].targets);
         }
@@ -638,9 +634,10 @@ mod tests {
         live
     }
 
-    /// What DevTools must compute for `g`: per node ordinal, the retained size, and the set of
-    /// allowed immediate dominators (one, except for blocks our super-root dominates: node 0 or
-    /// the group of the only kind of root that reaches them).
+    /// What DevTools must compute for `g`: per node ordinal, the retained size and the
+    /// immediate dominator (for a block our super-root dominates: the group node of a kind if
+    /// every path to the block passes through roots of that kind, else node 0). Group nodes'
+    /// retained sizes come from the definition, all others from [`dominators`].
     fn expected(g: &Graph) -> (Vec<u64>, Vec<u32>) {
         let d = dominators(g);
         let l = Layout::of(g).unwrap();
