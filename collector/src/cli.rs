@@ -36,6 +36,10 @@ pub enum Command {
     /// from each root through the allocation sites of the blocks that hold the rest; width =
     /// bytes) or a Chrome DevTools heap snapshot (`.heapsnapshot`, Memory panel > Load).
     Graph(GraphArgs),
+    /// Rank what keeps the most memory alive: allocation sites, blocks and roots by retained
+    /// size (the bytes that would be freed if they let go: the dominator tree of the reference
+    /// graph).
+    Top(TopArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
@@ -87,6 +91,30 @@ pub struct RetainersArgs {
     #[arg(long)]
     pub json: bool,
     /// Chains to show, largest first.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
+}
+
+/// `heapdump top`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+pub struct TopArgs {
+    /// Rank by retained size (required: the only ranking so far).
+    #[arg(long)]
+    pub retained: bool,
+    /// Process id of the target.
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target; must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// Print JSON (`sites`, `blocks`, `roots`).
+    #[arg(long)]
+    pub json: bool,
+    /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use cli::{
     Cli, Command, GcArgs, GraphArgs, LeaksArgs, ListArgs, RetainersArgs, RunArgs, SnapshotProps,
-    Target,
+    Target, TopArgs,
 };
 use regions::{Liveness, RegionFile};
 use std::path::PathBuf;
@@ -30,6 +30,7 @@ fn main() {
         Command::Leaks(a) => leaks(a),
         Command::Retainers(a) => retainers(a),
         Command::Graph(a) => graph_cmd(a),
+        Command::Top(a) => top(a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");
@@ -826,14 +827,41 @@ fn graph_cmd(a: GraphArgs) -> Result<()> {
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_owned();
-    if ext != "svg" {
+    if ext != "svg" && ext != "heapsnapshot" {
         bail!(
-            "{}: the output's name says what to write: FILE.svg (an ownership flame graph)",
+            "{}: the output's name says what to write: FILE.svg (an ownership flame graph) or \
+             FILE.heapsnapshot (Chrome DevTools: Memory panel, Load profile)",
             a.output.display()
         );
     }
     let stage = stages();
     let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    if ext == "heapsnapshot" {
+        stage("writing the DevTools heap snapshot");
+        let sites = sites(&c, &g);
+        let name = |b: &graph::Block| {
+            sites
+                .get(&b.stack)
+                .cloned()
+                .unwrap_or_else(|| "(no stack trace)".to_owned())
+        };
+        let mut layout = None;
+        pprof::write_with(&a.output, |out| {
+            layout = Some(graph::heapsnapshot::write(&g, &name, out)?);
+            Ok(())
+        })?;
+        let layout = layout.expect("written");
+        eprintln!(
+            "heapdump: pid {}: {} nodes, {} edges ({} live blocks, {} roots) -> {}",
+            c.info.pid,
+            layout.node_count,
+            layout.edge_count,
+            g.blocks.len(),
+            g.roots.len(),
+            a.output.display()
+        );
+        return Ok(());
+    }
     stage("finding the shortest chains from the roots");
     let tree = graph::paths::Tree::new(&g);
     let sites = sites(&c, &g);
@@ -869,5 +897,119 @@ fn graph_cmd(a: GraphArgs) -> Result<()> {
         g.roots.len(),
         a.output.display()
     );
+    Ok(())
+}
+
+/// `heapdump top --retained`: the blocks and the allocation sites that retain the most.
+fn top(a: TopArgs) -> Result<()> {
+    use graph::dominators::Dominator;
+    if !a.retained {
+        bail!("`heapdump top` ranks by retained size: pass --retained");
+    }
+    let stage = stages();
+    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    stage("computing the dominator tree");
+    let d = graph::dominators::dominators(&g);
+    let sites = sites(&c, &g);
+    let site_of = |b: u32| {
+        sites
+            .get(&g.blocks[b as usize].stack)
+            .cloned()
+            .unwrap_or_else(|| "(no stack trace)".to_owned())
+    };
+    // A site's retained size counts each dominated block once: the sum over its blocks that
+    // no other block of the same site dominates. Found by walking the dominator tree from the
+    // top with a count, per site, of the blocks of that site on the current path.
+    let n = g.blocks.len();
+    let mut children: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut tops: Vec<u32> = Vec::new();
+    for b in 0..n as u32 {
+        match d.dominator(b) {
+            Dominator::Block(p) => children[p as usize].push(b),
+            _ => tops.push(b),
+        }
+    }
+    // Sites by name (several stack traces can end in the same function).
+    let mut site_names: Vec<String> = Vec::new();
+    let site_ids: Vec<u32> = {
+        let mut ids: std::collections::HashMap<String, u32> = Default::default();
+        (0..n as u32)
+            .map(|b| {
+                let name = site_of(b);
+                let k = ids.len() as u32;
+                *ids.entry(name.clone()).or_insert_with(|| {
+                    site_names.push(name);
+                    k
+                })
+            })
+            .collect()
+    };
+    let mut on_path = vec![0u32; site_names.len().max(1)];
+    let mut site_retained: std::collections::HashMap<u32, (u64, u64)> = Default::default();
+    // (block, entering?) pairs: an explicit stack, the tree can be millions deep.
+    let mut stack: Vec<(u32, bool)> = tops.iter().rev().map(|&b| (b, true)).collect();
+    while let Some((b, enter)) = stack.pop() {
+        let s = site_ids[b as usize] as usize;
+        if !enter {
+            on_path[s] -= 1;
+            continue;
+        }
+        let e = site_retained.entry(s as u32).or_default();
+        e.1 += 1;
+        if on_path[s] == 0 {
+            e.0 += d.retained[b as usize];
+        }
+        on_path[s] += 1;
+        stack.push((b, false));
+        stack.extend(children[b as usize].iter().map(|&c| (c, true)));
+    }
+    let mut by_site: Vec<(String, u64, u64)> = site_retained
+        .iter()
+        .map(|(s, (ret, blocks))| (site_names[*s as usize].clone(), *ret, *blocks))
+        .collect();
+    by_site.sort_by(|x, y| (y.1, &x.0).cmp(&(x.1, &y.0)));
+    let mut blocks: Vec<u32> = (0..n as u32).collect();
+    blocks.sort_by_key(|&b| (std::cmp::Reverse(d.retained[b as usize]), b));
+    let mut roots: Vec<(usize, u64)> = d.root_retained.iter().copied().enumerate().collect();
+    roots.sort_by_key(|&(r, v)| (std::cmp::Reverse(v), r));
+    if a.json {
+        let v = serde_json::json!({
+            "sites": by_site.iter().take(a.top).map(|(s, r, b)| serde_json::json!({"site": s, "retained": r, "blocks": b})).collect::<Vec<_>>(),
+            "blocks": blocks.iter().take(a.top).map(|&b| {
+                let bl = &g.blocks[b as usize];
+                serde_json::json!({"address": format!("{:#x}", bl.address), "size": bl.size, "retained": d.retained[b as usize], "site": site_of(b)})
+            }).collect::<Vec<_>>(),
+            "roots": roots.iter().take(a.top).map(|&(r, v)| serde_json::json!({"root": g.roots[r].name, "retained": v})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:>14}  {:>10}  allocation site (retained: each dominated block counted once)",
+        "RETAINED", "BLOCKS"
+    );
+    for (s, r, b) in by_site.iter().take(a.top) {
+        println!("{r:>14}  {b:>10}  {s}");
+    }
+    println!();
+    println!(
+        "{:>14}  {:>10}  {:<18}  allocation site",
+        "RETAINED", "SIZE", "BLOCK"
+    );
+    for &b in blocks.iter().take(a.top) {
+        let bl = &g.blocks[b as usize];
+        println!(
+            "{:>14}  {:>10}  {:<18}  {}",
+            d.retained[b as usize],
+            bl.size,
+            format!("{:#x}", bl.address),
+            site_of(b)
+        );
+    }
+    println!();
+    println!("{:>14}  root", "RETAINED");
+    for &(r, v) in roots.iter().take(a.top) {
+        println!("{v:>14}  {}", g.roots[r].name);
+    }
     Ok(())
 }

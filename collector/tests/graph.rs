@@ -323,3 +323,130 @@ fn python_objects_are_held_by_the_interpreters_globals() {
     );
     assert_eq!(r.finish(), 0);
 }
+
+/// Runs DevTools' own parser (heap-snapshot-toolkit, installed by `.ci/run` into
+/// target/devtools-node) on `file`: its view of the snapshot, or `None` when node is missing.
+fn devtools_view(file: &std::path::Path) -> Option<serde_json::Value> {
+    let node = std::env::var_os("HEAPDUMP_NODE").unwrap_or_else(|| "node".into());
+    if Command::new(&node).arg("--version").output().is_err() {
+        return None;
+    }
+    let toolkit = target_dir().parent().unwrap().join("devtools-node");
+    if !toolkit
+        .join("node_modules/heap-snapshot-toolkit/index.js")
+        .exists()
+    {
+        let st = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&toolkit)
+            .arg("heap-snapshot-toolkit@1.1.3")
+            .status();
+        assert!(matches!(st, Ok(s) if s.success()), "npm install: {st:?}");
+    }
+    let out = Command::new(&node)
+        .arg(root().join("collector/tests/devtools/check.mjs"))
+        .arg(&toolkit)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// Retained sizes on the known ownership tree (owners.c): exact per site, per block and per
+/// root from `top --retained`, and the same numbers from Chrome DevTools' own parser loading
+/// `graph -o FILE.heapsnapshot`.
+#[test]
+fn retained_sizes_exact_and_as_devtools_computes_them() {
+    let exe = compile_c("owners", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("owners-retained");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let (ok, json, err) = heapdump_cmd(&dir, &["top", "--retained", "--by-pid", &pid, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let sites: Vec<(String, u64, u64)> = v["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["site"].as_str().unwrap().to_owned(),
+                s["retained"].as_u64().unwrap(),
+                s["blocks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let bucket = 16 + 8000 + 1000 * (32 + 1024);
+    let want = [
+        ("make_table", 24 + 3 * bucket, 1),
+        ("make_bucket", 3 * bucket, 3),
+        ("make_entries", 3 * (8000 + 1000 * (32 + 1024)), 3),
+        ("make_entry", 3000 * (32 + 1024), 3000),
+        ("make_payload", 3000 * 1024, 3000),
+    ];
+    let want: Vec<(String, u64, u64)> = want
+        .iter()
+        .map(|(s, r, b)| (s.to_string(), *r as u64, *b as u64))
+        .collect();
+    assert_eq!(sites, want);
+    let blocks: Vec<u64> = v["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(4)
+        .map(|b| b["retained"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        blocks,
+        [24 + 3 * bucket, bucket, bucket, bucket].map(|x| x as u64)
+    );
+    assert_eq!(v["roots"][0]["root"], "g_table (owners)");
+    assert_eq!(
+        v["roots"][0]["retained"].as_u64(),
+        Some(24 + 3 * bucket as u64)
+    );
+
+    let snap = dir.with_extension("heapsnapshot");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(r.finish(), 0);
+    let Some(dt) = devtools_view(&snap) else {
+        println!("skipped: the DevTools cross-check (node is not installed)");
+        return;
+    };
+    // 6007 blocks, 1 root, 1 root group, the synthetic root.
+    assert_eq!(dt["node_count"].as_u64(), Some(6007 + 3));
+    let mut retained: Vec<u64> = dt["retained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    retained.sort_unstable_by(|a, b| b.cmp(a));
+    // The synthetic root, the group, g_table and the table retain everything; then the
+    // buckets.
+    let total = (24 + 3 * bucket) as u64;
+    assert_eq!(
+        retained[..7],
+        [
+            total,
+            total,
+            total,
+            total,
+            bucket as u64,
+            bucket as u64,
+            bucket as u64
+        ]
+    );
+    let summary = &dt["summary"];
+    assert_eq!(summary["make_payload"]["count"].as_u64(), Some(3000));
+    assert_eq!(summary["make_payload"]["self"].as_u64(), Some(3_072_000));
+}

@@ -40,9 +40,6 @@
 //! Cooper–Harvey–Kennedy was not used: on a doubly linked list referenced from both ends
 //! (common in heaps) its iteration needs one pass per list element, O(n²).
 
-// Until the scanner (`collector/src/graph/scan.rs`) and the CLI use these items.
-#![allow(dead_code)]
-
 use super::Graph;
 
 /// The dominator tree and retained sizes of a [`Graph`] (see the module documentation for the
@@ -88,11 +85,6 @@ impl Dominators {
         } else {
             Dominator::SuperRoot
         }
-    }
-
-    /// The code of the super-root in [`Dominators::idom`]: `blocks.len() + roots.len()`.
-    pub fn super_root(&self) -> u32 {
-        (self.idom.len() + self.root_retained.len()) as u32
     }
 }
 

@@ -41,17 +41,12 @@
 //! streamed as they are produced; only the deduplicated string table (site and root names) is
 //! kept in memory and written at the end.
 
-// Until the scanner (`collector/src/graph/scan.rs`) and the CLI use these items.
-#![allow(dead_code)]
-
 use super::{Block, Graph, Root, RootKind};
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 
 /// Fields per node in `nodes` (`type, name, id, self_size, edge_count`).
 pub const NODE_FIELDS: u32 = 5;
-/// Fields per edge in `edges` (`type, name_or_index, to_node`).
-pub const EDGE_FIELDS: u32 = 3;
 
 /// V8's node types; the index of a name is the value of a node's `type` field.
 const NODE_TYPES: [&str; 15] = [
@@ -137,6 +132,7 @@ impl Layout {
     }
 
     /// The ordinal of block `b`'s node.
+    #[cfg(test)]
     pub fn block_node(&self, b: u32) -> u32 {
         self.first_block + b
     }

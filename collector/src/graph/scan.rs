@@ -406,17 +406,16 @@ fn find_roots(
         let module = module_path
             .as_ref()
             .and_then(|p| modules.iter().position(|x| &x.path == p && x.loaded));
-        // A thread whose stack pointer lies here: its stack, scanned from sp (minus the
-        // 128-byte red zone) up.
+        // A thread whose stack pointer lies here: its stack, scanned from sp up. The thread is
+        // blocked in a system call (that is how its sp is known), so nothing below sp is live:
+        // the red zone there holds stale values of returned calls (as LeakSanitizer, which
+        // starts at sp).
         let thread = threads
             .iter()
             .find(|t| t.sp.is_some_and(|sp| sp >= m.start && sp < m.end));
         let (kind, from) = match (module, thread, m.path.as_str()) {
             (Some(_), _, _) => (RootKind::Global, m.start),
-            (None, Some(t), _) => (
-                RootKind::Stack,
-                (t.sp.unwrap().saturating_sub(128) & !7).max(m.start),
-            ),
+            (None, Some(t), _) => (RootKind::Stack, (t.sp.unwrap() & !7).max(m.start)),
             (None, None, "[stack]") => (RootKind::Stack, m.start),
             (None, None, p) if p.is_empty() || p.starts_with("[anon") => {
                 (RootKind::Mapping, m.start)
