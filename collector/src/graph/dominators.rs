@@ -560,8 +560,6 @@ pub(crate) mod tests {
         pub idom: Vec<u32>,
         pub retained: Vec<u64>,
         pub root_retained: Vec<u64>,
-        /// Per flow-graph node id (blocks, roots, super-root): the nodes it dominates.
-        pub dominated: Vec<Vec<bool>>,
     }
 
     /// The flow graph of the module documentation, built from the definitions (reachability),
@@ -669,7 +667,6 @@ pub(crate) mod tests {
             idom,
             retained: (0..n).map(retained_of).collect(),
             root_retained: (n..n + m).map(retained_of).collect(),
-            dominated,
         }
     }
 
