@@ -161,12 +161,17 @@ const RUN_MAX: u64 = 8 << 20;
 /// Blocks closer than this are read in one run (the gap is read too).
 const RUN_GAP: u64 = 64 << 10;
 
-/// Finds the block containing addresses: blocks sorted by address.
+/// Finds the block containing an address among blocks sorted by address: a hash map from each
+/// 4 KiB page the blocks cover to the range of blocks overlapping it, then a binary search in
+/// that short range (a search over all block starts misses the cache at every step: 10 M
+/// starts are 80 MB).
 struct Lookup<'a> {
     starts: Vec<u64>,
     blocks: &'a [Block],
     lo: u64,
     hi: u64,
+    /// Page number → `[first, last + 1)` block indices overlapping the page.
+    pages: rustc_hash::FxHashMap<u64, (u32, u32)>,
 }
 
 impl<'a> Lookup<'a> {
@@ -178,11 +183,21 @@ impl<'a> Lookup<'a> {
             .map(|b| b.address + b.size.max(1))
             .max()
             .unwrap_or(0);
+        let mut pages: rustc_hash::FxHashMap<u64, (u32, u32)> = Default::default();
+        pages.reserve(blocks.len() / 8);
+        for (i, b) in blocks.iter().enumerate() {
+            let i = i as u32;
+            for p in b.address >> 12..=(b.address + b.size.max(1) - 1) >> 12 {
+                let e = pages.entry(p).or_insert((i, i + 1));
+                e.1 = i + 1;
+            }
+        }
         Lookup {
             starts,
             blocks,
             lo,
             hi,
+            pages,
         }
     }
 
@@ -192,9 +207,12 @@ impl<'a> Lookup<'a> {
         if v < self.lo || v >= self.hi {
             return None;
         }
-        let i = self.starts.partition_point(|&s| s <= v).checked_sub(1)?;
-        let b = &self.blocks[i];
-        (v < b.address + b.size.max(1)).then_some(i as u32)
+        let &(a, b) = self.pages.get(&(v >> 12))?;
+        let range = &self.starts[a as usize..b as usize];
+        let k = range.partition_point(|&s| s <= v).checked_sub(1)?;
+        let i = a as usize + k;
+        let bl = &self.blocks[i];
+        (v < bl.address + bl.size.max(1)).then_some(i as u32)
     }
 
     /// Indices of the blocks the aligned words of `bytes` point into, appended to `out`
@@ -240,9 +258,66 @@ pub fn build(
         "reading the contents of {} live blocks",
         blocks.len()
     ));
+    // The blocks are split in one contiguous share per core; each share's edges are found
+    // independently (the lookup is read-only) and the rows concatenated in order.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16)
+        .min(blocks.len().div_ceil(4096).max(1));
+    let share = blocks.len().div_ceil(workers);
+    let parts: Vec<(Vec<u32>, Vec<u32>, ScanStats)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = blocks
+            .chunks(share.max(1))
+            .map(|part| sc.spawn(|| scan_blocks(part, &lookup, &mem)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a scanning thread panicked"))
+            .collect()
+    });
     let mut edge_start = Vec::with_capacity(blocks.len() + 1);
-    let mut targets: Vec<u32> = Vec::new();
     edge_start.push(0u32);
+    let mut targets: Vec<u32> = Vec::with_capacity(parts.iter().map(|p| p.1.len()).sum());
+    for (counts, t, st) in parts {
+        for c in counts {
+            let last = *edge_start.last().unwrap();
+            edge_start.push(last + c);
+        }
+        targets.extend_from_slice(&t);
+        stats.blocks_read += st.blocks_read;
+        stats.bytes_read += st.bytes_read;
+        stats.vanished += st.vanished;
+    }
+    stats.edges = targets.len() as u64;
+
+    progress("scanning roots");
+    let roots = find_roots(
+        pid, &maps, &blocks, &lookup, &mem, modules, region, &mut stats,
+    );
+    drop(lookup);
+    stats.seconds = started.elapsed().as_secs_f64();
+    Ok((
+        Graph {
+            blocks,
+            edge_start,
+            targets,
+            roots,
+        },
+        stats,
+    ))
+}
+
+/// Finds the edges of `blocks` (sorted by address): per block its number of edges, the edges
+/// in order, and what was read.
+fn scan_blocks(
+    blocks: &[Block],
+    lookup: &Lookup<'_>,
+    mem: &Memory,
+) -> (Vec<u32>, Vec<u32>, ScanStats) {
+    let mut stats = ScanStats::default();
+    let mut counts = Vec::with_capacity(blocks.len());
+    let mut targets: Vec<u32> = Vec::new();
     let mut buf = Vec::new();
     let mut scratch = Vec::new();
     let mut i = 0;
@@ -282,27 +357,11 @@ pub fn build(
             scratch.sort_unstable();
             scratch.dedup();
             targets.extend_from_slice(&scratch);
-            edge_start.push(targets.len() as u32);
+            counts.push(scratch.len() as u32);
         }
         i = j;
     }
-    stats.edges = targets.len() as u64;
-
-    progress("scanning roots");
-    let roots = find_roots(
-        pid, &maps, &blocks, &lookup, &mem, modules, region, &mut stats,
-    );
-    drop(lookup);
-    stats.seconds = started.elapsed().as_secs_f64();
-    Ok((
-        Graph {
-            blocks,
-            edge_start,
-            targets,
-            roots,
-        },
-        stats,
-    ))
+    (counts, targets, stats)
 }
 
 /// A thread of the target: id, name and stack pointer when known.
