@@ -69,6 +69,11 @@ pub struct LeaksArgs {
     /// Also write the leaked blocks as a gzip-compressed pprof profile (`-` for stdout).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
+    /// meanwhile and its threads' registers count as roots: the report is exact. The program
+    /// is resumed afterwards, even if heapdump is killed.
+    #[arg(long)]
+    pub stop: bool,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
@@ -93,6 +98,11 @@ pub struct RetainersArgs {
     /// Chains to show, largest first.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
+    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
+    /// meanwhile and its threads' registers count as roots: the report is exact. The program
+    /// is resumed afterwards, even if heapdump is killed.
+    #[arg(long)]
+    pub stop: bool,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
@@ -117,6 +127,11 @@ pub struct TopArgs {
     /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
+    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
+    /// meanwhile and its threads' registers count as roots: the report is exact. The program
+    /// is resumed afterwards, even if heapdump is killed.
+    #[arg(long)]
+    pub stop: bool,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
@@ -135,6 +150,11 @@ pub struct GraphArgs {
     /// Output: `FILE.svg` (ownership flame graph) or `FILE.heapsnapshot` (Chrome DevTools).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
+    /// meanwhile and its threads' registers count as roots: the report is exact. The program
+    /// is resumed afterwards, even if heapdump is killed.
+    #[arg(long)]
+    pub stop: bool,
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,

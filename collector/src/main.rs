@@ -496,7 +496,12 @@ struct Captured {
 }
 
 /// Snapshots `target` and builds its reference graph (`leaks`, `retainers`, `graph`).
-fn capture(target: Target, lock_timeout: f64, stage: &dyn Fn(&str)) -> Result<Captured> {
+fn capture(
+    target: Target,
+    lock_timeout: f64,
+    stop: bool,
+    stage: &dyn Fn(&str),
+) -> Result<Captured> {
     let (path, file) = pick(&target)?;
     let opened = regions::open(&path)?;
     let info = opened.region()?.info();
@@ -512,6 +517,13 @@ fn capture(target: Target, lock_timeout: f64, stage: &dyn Fn(&str)) -> Result<Ca
             info.pid
         );
     }
+    // --stop: frozen from before the snapshot until the graph is built.
+    let stopped = if stop {
+        stage(&format!("stopping pid {}", info.pid));
+        Some(graph::stop::stop(info.pid)?)
+    } else {
+        None
+    };
     stage(&format!("snapshotting pid {}", info.pid));
     let timeout = std::time::Duration::from_secs_f64(lock_timeout.clamp(0.0, 1e9));
     let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
@@ -530,7 +542,17 @@ fn capture(target: Target, lock_timeout: f64, stage: &dyn Fn(&str)) -> Result<Ca
             thread: b.thread,
         })
         .collect();
-    let (g, stats) = graph::scan::build(info.pid, blocks, &c.modules, &path, stage)?;
+    let (g, stats) =
+        graph::scan::build(info.pid, blocks, &c.modules, &path, stopped.as_ref(), stage)?;
+    if let Some(s) = stopped {
+        let (threads, seconds) = (s.threads.len(), s.seconds());
+        drop(s); // resumes the program
+        eprintln!(
+            "heapdump: pid {} was stopped for {:.1} ms ({threads} threads)",
+            c.info.pid,
+            seconds * 1e3
+        );
+    }
     Ok(Captured { c, g, stats })
 }
 
@@ -560,8 +582,12 @@ fn graph_target(by_pid: Option<u32>, by_name: Option<String>) -> Target {
 fn leaks(a: LeaksArgs) -> Result<()> {
     use graph::leaks::Status;
     let stage = stages();
-    let Captured { mut c, g, stats } =
-        capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    let Captured { mut c, g, stats } = capture(
+        graph_target(a.by_pid, a.by_name),
+        a.lock_timeout,
+        a.stop,
+        &stage,
+    )?;
     stage("finding what is reachable");
     let status = graph::leaks::classify(&g);
 
@@ -755,7 +781,12 @@ fn retainers(a: RetainersArgs) -> Result<()> {
     let re = regex::Regex::new(&a.function)
         .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
     let stage = stages();
-    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    let Captured { c, g, .. } = capture(
+        graph_target(a.by_pid, a.by_name),
+        a.lock_timeout,
+        a.stop,
+        &stage,
+    )?;
     stage("finding the shortest chains from the roots");
     let tree = graph::paths::Tree::new(&g);
     let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
@@ -835,7 +866,12 @@ fn graph_cmd(a: GraphArgs) -> Result<()> {
         );
     }
     let stage = stages();
-    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    let Captured { c, g, .. } = capture(
+        graph_target(a.by_pid, a.by_name),
+        a.lock_timeout,
+        a.stop,
+        &stage,
+    )?;
     if ext == "heapsnapshot" {
         stage("writing the DevTools heap snapshot");
         let sites = sites(&c, &g);
@@ -907,7 +943,12 @@ fn top(a: TopArgs) -> Result<()> {
         bail!("`heapdump top` ranks by retained size: pass --retained");
     }
     let stage = stages();
-    let Captured { c, g, .. } = capture(graph_target(a.by_pid, a.by_name), a.lock_timeout, &stage)?;
+    let Captured { c, g, .. } = capture(
+        graph_target(a.by_pid, a.by_name),
+        a.lock_timeout,
+        a.stop,
+        &stage,
+    )?;
     stage("computing the dominator tree");
     let d = graph::dominators::dominators(&g);
     let sites = sites(&c, &g);

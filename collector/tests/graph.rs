@@ -450,3 +450,84 @@ fn retained_sizes_exact_and_as_devtools_computes_them() {
     assert_eq!(summary["make_payload"]["count"].as_u64(), Some(3000));
     assert_eq!(summary["make_payload"]["self"].as_u64(), Some(3_072_000));
 }
+
+/// `--stop`: the same exact report with the program frozen (its registers are roots too),
+/// the pause reported; the program resumes afterwards — also when heapdump is killed while
+/// it holds the program stopped.
+#[test]
+fn stop_mode_is_exact_and_the_program_resumes_even_if_heapdump_is_killed() {
+    let lib = compile_lib("leaky_lib.c", "libleaky.so", &[]);
+    let exe = compile_c("leaky", &["-fno-optimize-sibling-calls", "-ldl"]);
+    let dir = region_dir("leaks-stop");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&lib);
+    let r = start(cmd, &dir, true);
+    let pid = r.pid();
+    let (ok, json, err) = heapdump_cmd(
+        &dir,
+        &["leaks", "--by-pid", &pid.to_string(), "--json", "--stop"],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!("pid {pid} was stopped for ")),
+        "{err}"
+    );
+    let groups: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let mut ours = Table::new();
+    for g in &groups {
+        add(
+            &mut ours,
+            g["kind"].as_str().unwrap(),
+            g["frames"][0].as_str().unwrap_or("?"),
+            g["blocks"].as_u64().unwrap(),
+            g["bytes"].as_u64().unwrap(),
+        );
+    }
+    let mut planted = Table::new();
+    for (k, s, n, b) in PLANTED {
+        add(&mut planted, k, s, n, b);
+    }
+    assert_eq!(ours, planted);
+    // "t (tracing stop)" while frozen by ptrace, "T (stopped)" for SIGSTOP.
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("State:"))
+            .unwrap()
+            .replace("tracing stop", "stopped")
+    };
+    assert!(!state().contains("stopped"), "{}", state());
+
+    // Killed while the program is stopped (paused inside the snapshot): the kernel detaches
+    // the program, which runs on.
+    let mut hd = Command::new(heapdump())
+        .args(["leaks", "--by-pid", &pid.to_string(), "--stop"])
+        .env("HEAPDUMP_DIR", &dir)
+        .env("HEAPDUMP_TEST_PAUSE_MS", "3000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !state().contains("stopped") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never stopped: {}",
+            state()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    hd.kill().unwrap();
+    hd.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while state().contains("stopped") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left stopped: {}",
+            state()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(r.finish(), 0, "the program ran on to its normal end");
+}

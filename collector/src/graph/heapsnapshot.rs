@@ -143,7 +143,8 @@ fn kind_rank(k: RootKind) -> u8 {
     match k {
         RootKind::Global => 0,
         RootKind::Stack => 1,
-        RootKind::Mapping => 2,
+        RootKind::Registers => 2,
+        RootKind::Mapping => 3,
     }
 }
 
@@ -152,6 +153,7 @@ fn group_name(k: RootKind) -> &'static str {
     match k {
         RootKind::Global => "(globals)",
         RootKind::Stack => "(thread stacks)",
+        RootKind::Registers => "(registers)",
         RootKind::Mapping => "(self-managed mappings)",
     }
 }

@@ -16,6 +16,7 @@ pub mod heapsnapshot;
 pub mod leaks;
 pub mod paths;
 pub mod scan;
+pub mod stop;
 
 /// One live block: a node of the graph. Blocks are sorted by address and do not overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub enum RootKind {
     /// A thread's stack, from its stack pointer region to its top (glibc keeps a thread's
     /// static TLS at the top of its stack: scanned with it).
     Stack,
+    /// A thread's registers (only with `--stop`, when the threads are frozen).
+    Registers,
     /// A writable mapping that holds no heap block (memory the program `mmap`s and manages).
     Mapping,
 }

@@ -239,6 +239,7 @@ pub fn build(
     mut blocks: Vec<Block>,
     modules: &[Module],
     region: &Path,
+    stopped: Option<&super::stop::Stopped>,
     progress: &dyn Fn(&str),
 ) -> Result<(Graph, ScanStats)> {
     let started = Instant::now();
@@ -292,9 +293,32 @@ pub fn build(
     stats.edges = targets.len() as u64;
 
     progress("scanning roots");
-    let roots = find_roots(
-        pid, &maps, &blocks, &lookup, &mem, modules, region, &mut stats,
+    let mut roots = find_roots(
+        pid, &maps, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
     );
+    // With the threads stopped, their registers are roots too.
+    if let Some(st) = stopped {
+        let names: HashMap<u32, String> =
+            threads(pid).into_iter().map(|t| (t.tid, t.name)).collect();
+        for t in &st.threads {
+            let mut targets: Vec<u32> =
+                t.registers.iter().filter_map(|&v| lookup.find(v)).collect();
+            targets.sort_unstable();
+            targets.dedup();
+            if !targets.is_empty() {
+                roots.push(Root {
+                    kind: RootKind::Registers,
+                    name: format!(
+                        "registers of {} ({})",
+                        names.get(&t.tid).map(String::as_str).unwrap_or("?"),
+                        t.tid
+                    ),
+                    targets,
+                });
+            }
+        }
+        roots.sort_by(|a, b| (a.kind as u8, &a.name).cmp(&(b.kind as u8, &b.name)));
+    }
     drop(lookup);
     stats.seconds = started.elapsed().as_secs_f64();
     Ok((
@@ -433,9 +457,23 @@ fn find_roots(
     mem: &Memory,
     modules: &[Module],
     region: &Path,
+    stopped: Option<&super::stop::Stopped>,
     stats: &mut ScanStats,
 ) -> Vec<Root> {
-    let threads = threads(pid);
+    let mut threads = threads(pid);
+    // Stopped threads' stack pointers are exact, whatever they were doing.
+    if let Some(st) = stopped {
+        for t in &mut threads {
+            if let Some(s) = st.threads.iter().find(|s| s.tid == t.tid) {
+                t.sp = Some(s.sp);
+            }
+        }
+    }
+    // Without --stop a thread's sp is known only while it is blocked in a system call, so
+    // nothing below it is live (its red zone holds stale values of returned calls, and
+    // LeakSanitizer too starts at sp); a thread stopped anywhere may keep live data in its
+    // 128-byte red zone.
+    let red_zone = if stopped.is_some() { 128 } else { 0 };
     let holds_block = |m: &Mapping| {
         let i = blocks.partition_point(|b| b.address < m.start);
         i < blocks.len() && blocks[i].address < m.end
@@ -474,7 +512,10 @@ fn find_roots(
             .find(|t| t.sp.is_some_and(|sp| sp >= m.start && sp < m.end));
         let (kind, from) = match (module, thread, m.path.as_str()) {
             (Some(_), _, _) => (RootKind::Global, m.start),
-            (None, Some(t), _) => (RootKind::Stack, (t.sp.unwrap() & !7).max(m.start)),
+            (None, Some(t), _) => (
+                RootKind::Stack,
+                (t.sp.unwrap().saturating_sub(red_zone) & !7).max(m.start),
+            ),
             (None, None, "[stack]") => (RootKind::Stack, m.start),
             (None, None, p) if p.is_empty() || p.starts_with("[anon") => {
                 (RootKind::Mapping, m.start)

@@ -1,0 +1,165 @@
+//! `--stop`: freezing the target while its graph is built, so that the leak report is exact
+//! (no pointer moves while the contents are read) and the threads' registers count as roots.
+//!
+//! Every thread is attached with `PTRACE_SEIZE` and stopped with `PTRACE_INTERRUPT` (a thread
+//! blocked in a system call is interrupted; the call is restarted when it resumes), its
+//! general-purpose registers read with `PTRACE_GETREGS`. [`Stopped`]'s drop detaches every
+//! thread, which resumes it; if the collector dies instead, the kernel detaches its tracees
+//! and they resume too — the target is never left stopped. Threads created while attaching are
+//! attached in further rounds.
+
+use anyhow::{bail, Result};
+use std::time::Instant;
+
+/// One stopped thread.
+#[derive(Debug, Clone)]
+pub struct StoppedThread {
+    /// Thread id.
+    pub tid: u32,
+    /// Its stack pointer.
+    pub sp: u64,
+    /// Its general-purpose registers' values (x86-64: rax … r15, rip).
+    pub registers: Vec<u64>,
+}
+
+/// A target held stopped; resumed when dropped.
+#[derive(Debug)]
+pub struct Stopped {
+    /// The stopped threads, by thread id.
+    pub threads: Vec<StoppedThread>,
+    attached: Vec<u32>,
+    since: Instant,
+}
+
+impl Stopped {
+    /// How long the target has been stopped, seconds.
+    pub fn seconds(&self) -> f64 {
+        self.since.elapsed().as_secs_f64()
+    }
+}
+
+fn tids(pid: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// Stops every thread of `pid` and reads their registers.
+///
+/// Errors: the process cannot be traced (another tracer, ptrace not permitted: the message
+/// says what to do), or it is gone. Threads attached before an error are resumed.
+pub fn stop(pid: u32) -> Result<Stopped> {
+    let mut s = Stopped {
+        threads: Vec::new(),
+        attached: Vec::new(),
+        since: Instant::now(),
+    };
+    for _round in 0..100 {
+        let new: Vec<u32> = tids(pid)
+            .into_iter()
+            .filter(|t| !s.attached.contains(t))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for tid in new {
+            // SAFETY: ptrace requests on a thread id with no pointers passed.
+            let r = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_SEIZE,
+                    tid as libc::pid_t,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                )
+            };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    continue; // the thread exited meanwhile
+                }
+                bail!(
+                    "cannot stop pid {pid} (thread {tid}): {e}; --stop attaches with ptrace: \
+                     the process must not be traced already (a debugger), and ptrace must be \
+                     allowed (same user with /proc/sys/kernel/yama/ptrace_scope 0, or root)"
+                );
+            }
+            s.attached.push(tid);
+            // SAFETY: as above.
+            unsafe {
+                libc::ptrace(
+                    libc::PTRACE_INTERRUPT,
+                    tid as libc::pid_t,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                )
+            };
+            let mut status = 0;
+            // SAFETY: waiting for our tracee; `status` is writable.
+            let w = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+            if w != tid as libc::pid_t {
+                continue;
+            }
+            // SAFETY: a zeroed user_regs_struct is valid; GETREGS fills it for a stopped
+            // tracee.
+            let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; the pointer is to our own struct.
+            let r = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_GETREGS,
+                    tid as libc::pid_t,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    &mut regs as *mut libc::user_regs_struct as *mut libc::c_void,
+                )
+            };
+            if r == 0 {
+                s.threads.push(StoppedThread {
+                    tid,
+                    sp: regs.rsp,
+                    registers: vec![
+                        regs.rax,
+                        regs.rbx,
+                        regs.rcx,
+                        regs.rdx,
+                        regs.rsi,
+                        regs.rdi,
+                        regs.rbp,
+                        regs.r8,
+                        regs.r9,
+                        regs.r10,
+                        regs.r11,
+                        regs.r12,
+                        regs.r13,
+                        regs.r14,
+                        regs.r15,
+                        regs.fs_base,
+                        regs.gs_base,
+                    ],
+                });
+            }
+        }
+    }
+    s.threads.sort_by_key(|t| t.tid);
+    Ok(s)
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &tid in &self.attached {
+            // SAFETY: detaching our tracee resumes it; no pointers passed.
+            unsafe {
+                libc::ptrace(
+                    libc::PTRACE_DETACH,
+                    tid as libc::pid_t,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                )
+            };
+        }
+    }
+}
