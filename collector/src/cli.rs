@@ -45,30 +45,16 @@ pub enum Command {
     Gc(GcArgs),
 }
 
-/// `heapdump leaks`.
+/// A running process to build the reference graph of, and how.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
-#[command(
-    after_help = "A block is reachable when a chain of pointers leads to it from a root: a \
-writable segment of a loaded module (globals), a thread's stack, a mapping the program manages \
-itself. The others are leaked: \"direct\" when no other leaked block points to them, \"indirect\" \
-when only leaked blocks do (LeakSanitizer's terms). Reading another process's memory needs the \
-right to ptrace it (same user with ptrace_scope 0, or root). The program keeps running: a pointer \
-moved while the scan runs can make a reachable block look leaked; run it twice to be sure."
-)]
-pub struct LeaksArgs {
+pub struct LiveTarget {
     /// Process id of the target.
     #[arg(long, value_name = "PID")]
     pub by_pid: Option<u32>,
     /// Command name of the target; must be unique.
     #[arg(long, value_name = "NAME")]
     pub by_name: Option<String>,
-    /// Print one JSON object per leak group instead of a report.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the leaked blocks as a gzip-compressed pprof profile (`-` for stdout).
-    #[arg(short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
     /// Freeze the program while its memory is read (ptrace), so that no pointer moves
     /// meanwhile and its threads' registers count as roots: the report is exact. The program
     /// is resumed afterwards, even if heapdump is killed.
@@ -79,16 +65,34 @@ pub struct LeaksArgs {
     pub lock_timeout: f64,
 }
 
+/// `heapdump leaks`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "A block is reachable when a chain of pointers leads to it from a root: a \
+writable segment of a loaded module (globals), a thread's stack, a mapping the program manages \
+itself. The others are leaked: \"direct\" when no other leaked block points to them, \"indirect\" \
+when only leaked blocks do (LeakSanitizer's terms). Reading another process's memory needs the \
+right to ptrace it (same user with ptrace_scope 0, or root). The program keeps running: a pointer \
+moved while the scan runs can make a reachable block look leaked: run it twice, or use --stop."
+)]
+pub struct LeaksArgs {
+    /// Which running process, and how.
+    #[command(flatten)]
+    pub target: LiveTarget,
+    /// Print one JSON object per leak group instead of a report.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the leaked blocks as a gzip-compressed pprof profile (`-` for stdout).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
 /// `heapdump retainers`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
 pub struct RetainersArgs {
-    /// Process id of the target.
-    #[arg(long, value_name = "PID")]
-    pub by_pid: Option<u32>,
-    /// Command name of the target; must be unique.
-    #[arg(long, value_name = "NAME")]
-    pub by_name: Option<String>,
+    /// Which running process, and how.
+    #[command(flatten)]
+    pub target: LiveTarget,
     /// Blocks allocated under a frame whose function matches this regular expression.
     #[arg(long, value_name = "REGEX")]
     pub function: String,
@@ -98,66 +102,34 @@ pub struct RetainersArgs {
     /// Chains to show, largest first.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
-    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
-    /// meanwhile and its threads' registers count as roots: the report is exact. The program
-    /// is resumed afterwards, even if heapdump is killed.
-    #[arg(long)]
-    pub stop: bool,
-    /// Longest wait, in seconds, for another snapshot of the same region to finish.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub lock_timeout: f64,
 }
 
 /// `heapdump top`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
 pub struct TopArgs {
     /// Rank by retained size (required: the only ranking so far).
     #[arg(long)]
     pub retained: bool,
-    /// Process id of the target.
-    #[arg(long, value_name = "PID")]
-    pub by_pid: Option<u32>,
-    /// Command name of the target; must be unique.
-    #[arg(long, value_name = "NAME")]
-    pub by_name: Option<String>,
+    /// Which running process, and how.
+    #[command(flatten)]
+    pub target: LiveTarget,
     /// Print JSON (`sites`, `blocks`, `roots`).
     #[arg(long)]
     pub json: bool,
     /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
-    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
-    /// meanwhile and its threads' registers count as roots: the report is exact. The program
-    /// is resumed afterwards, even if heapdump is killed.
-    #[arg(long)]
-    pub stop: bool,
-    /// Longest wait, in seconds, for another snapshot of the same region to finish.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub lock_timeout: f64,
 }
 
 /// `heapdump graph`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
 pub struct GraphArgs {
-    /// Process id of the target.
-    #[arg(long, value_name = "PID")]
-    pub by_pid: Option<u32>,
-    /// Command name of the target; must be unique.
-    #[arg(long, value_name = "NAME")]
-    pub by_name: Option<String>,
+    /// Which running process, and how.
+    #[command(flatten)]
+    pub target: LiveTarget,
     /// Output: `FILE.svg` (ownership flame graph) or `FILE.heapsnapshot` (Chrome DevTools).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-    /// Freeze the program while its memory is read (ptrace), so that no pointer moves
-    /// meanwhile and its threads' registers count as roots: the report is exact. The program
-    /// is resumed afterwards, even if heapdump is killed.
-    #[arg(long)]
-    pub stop: bool,
-    /// Longest wait, in seconds, for another snapshot of the same region to finish.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub lock_timeout: f64,
 }
 
 /// `heapdump gc`.

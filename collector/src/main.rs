@@ -496,12 +496,13 @@ struct Captured {
 }
 
 /// Snapshots `target` and builds its reference graph (`leaks`, `retainers`, `graph`).
-fn capture(
-    target: Target,
-    lock_timeout: f64,
-    stop: bool,
-    stage: &dyn Fn(&str),
-) -> Result<Captured> {
+fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
+    let (lock_timeout, stop) = (t.lock_timeout, t.stop);
+    let target = match (t.by_pid, &t.by_name) {
+        (Some(p), _) => Target::Pid(p),
+        (_, Some(n)) => Target::Name(n.clone()),
+        _ => unreachable!("clap requires one target"),
+    };
     let (path, file) = pick(&target)?;
     let opened = regions::open(&path)?;
     let info = opened.region()?.info();
@@ -570,24 +571,11 @@ fn stages() -> impl Fn(&str) {
     }
 }
 
-fn graph_target(by_pid: Option<u32>, by_name: Option<String>) -> Target {
-    match (by_pid, by_name) {
-        (Some(p), _) => Target::Pid(p),
-        (_, Some(n)) => Target::Name(n),
-        _ => unreachable!("clap requires one target"),
-    }
-}
-
 /// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
 fn leaks(a: LeaksArgs) -> Result<()> {
     use graph::leaks::Status;
     let stage = stages();
-    let Captured { mut c, g, stats } = capture(
-        graph_target(a.by_pid, a.by_name),
-        a.lock_timeout,
-        a.stop,
-        &stage,
-    )?;
+    let Captured { mut c, g, stats } = capture(&a.target, &stage)?;
     stage("finding what is reachable");
     let status = graph::leaks::classify(&g);
 
@@ -781,12 +769,7 @@ fn retainers(a: RetainersArgs) -> Result<()> {
     let re = regex::Regex::new(&a.function)
         .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
     let stage = stages();
-    let Captured { c, g, .. } = capture(
-        graph_target(a.by_pid, a.by_name),
-        a.lock_timeout,
-        a.stop,
-        &stage,
-    )?;
+    let Captured { c, g, .. } = capture(&a.target, &stage)?;
     stage("finding the shortest chains from the roots");
     let tree = graph::paths::Tree::new(&g);
     let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
@@ -866,12 +849,7 @@ fn graph_cmd(a: GraphArgs) -> Result<()> {
         );
     }
     let stage = stages();
-    let Captured { c, g, .. } = capture(
-        graph_target(a.by_pid, a.by_name),
-        a.lock_timeout,
-        a.stop,
-        &stage,
-    )?;
+    let Captured { c, g, .. } = capture(&a.target, &stage)?;
     if ext == "heapsnapshot" {
         stage("writing the DevTools heap snapshot");
         let sites = sites(&c, &g);
@@ -943,12 +921,7 @@ fn top(a: TopArgs) -> Result<()> {
         bail!("`heapdump top` ranks by retained size: pass --retained");
     }
     let stage = stages();
-    let Captured { c, g, .. } = capture(
-        graph_target(a.by_pid, a.by_name),
-        a.lock_timeout,
-        a.stop,
-        &stage,
-    )?;
+    let Captured { c, g, .. } = capture(&a.target, &stage)?;
     stage("computing the dominator tree");
     let d = graph::dominators::dominators(&g);
     let sites = sites(&c, &g);
