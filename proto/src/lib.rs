@@ -12,6 +12,8 @@
 
 #![allow(missing_docs)] // the fields are documented by profile.proto
 
+pub mod hdsnap;
+
 /// A profile: samples over stack traces, with the tables they reference.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
