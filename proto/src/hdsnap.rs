@@ -173,10 +173,12 @@ pub enum RootKind {
     Unspecified = 0,
     /// A writable segment of a loaded module: globals and statics.
     Global = 1,
-    /// A thread's stack (with its static TLS) or registers.
+    /// A thread's stack (with its static TLS).
     Stack = 2,
     /// A writable mapping holding no heap block.
     Mapping = 3,
+    /// A thread's registers (when the threads were frozen).
+    Registers = 4,
 }
 
 /// A root: a named place outside the heap and the blocks it points to.

@@ -11,6 +11,7 @@
 //! and indirect leaks), `dominators` (dominator tree, retained sizes), `heapsnapshot` (Chrome
 //! DevTools' `.heapsnapshot` writer).
 
+pub mod capture;
 pub mod dominators;
 pub mod heapsnapshot;
 pub mod leaks;
