@@ -40,15 +40,21 @@ pub enum Command {
     /// size (the bytes that would be freed if they let go: the dominator tree of the reference
     /// graph).
     Top(TopArgs),
+    /// Convert a graph capture (`.hdsnap`) into a flame graph (`.svg`), a DevTools heap
+    /// snapshot (`.heapsnapshot`) or a pprof profile of its live blocks (`.pb.gz`).
+    Convert(ConvertArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
 }
 
-/// A running process to build the reference graph of, and how.
+/// A running process to build the reference graph of (and how), or a capture of one.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name", "file"])))]
 pub struct LiveTarget {
+    /// A graph capture written by `heapdump graph -o FILE.hdsnap`, instead of a running process.
+    #[arg(value_name = "CAPTURE")]
+    pub file: Option<PathBuf>,
     /// Process id of the target.
     #[arg(long, value_name = "PID")]
     pub by_pid: Option<u32>,
@@ -127,7 +133,20 @@ pub struct GraphArgs {
     /// Which running process, and how.
     #[command(flatten)]
     pub target: LiveTarget,
-    /// Output: `FILE.svg` (ownership flame graph) or `FILE.heapsnapshot` (Chrome DevTools).
+    /// Output: `FILE.svg` (ownership flame graph), `FILE.heapsnapshot` (Chrome DevTools),
+    /// `FILE.hdsnap` (a capture: leaks, retainers, top and convert read it later) or
+    /// `FILE.pb.gz` (pprof of the live blocks).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+/// `heapdump convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// The capture, written by `heapdump graph -o FILE.hdsnap`.
+    #[arg(value_name = "CAPTURE")]
+    pub capture: PathBuf,
+    /// Output: FILE.svg, FILE.heapsnapshot, FILE.hdsnap or FILE.pb.gz.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
 }

@@ -31,6 +31,7 @@ fn main() {
         Command::Retainers(a) => retainers(a),
         Command::Graph(a) => graph_cmd(a),
         Command::Top(a) => top(a),
+        Command::Convert(a) => convert(a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");
@@ -495,13 +496,92 @@ struct Captured {
     stats: graph::scan::ScanStats,
 }
 
+/// A reference graph to analyse: from a running process, or from a capture file.
+struct Analysis {
+    /// The live snapshot (absent for a capture file).
+    c: Option<snapshot::Collected>,
+    g: graph::Graph,
+    /// How the scan went (absent for a capture file).
+    stats: Option<graph::scan::ScanStats>,
+    /// Function names of every stack id of the graph, innermost first.
+    stacks: std::collections::HashMap<u32, Vec<String>>,
+    header: graph::capture::CaptureHeader,
+}
+
+impl Analysis {
+    fn describe(&self) -> String {
+        format!(
+            "pid {} ({})",
+            self.header.pid,
+            self.header
+                .cmdline
+                .first()
+                .map(|a| a.rsplit('/').next().unwrap_or(a).to_owned())
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// The graph of `t`: a capture file's, or a running process's (snapshotted, scanned and
+/// symbolized now).
+fn analysis(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Analysis> {
+    if let Some(file) = &t.file {
+        if !graph::capture::is_capture(file) {
+            bail!(
+                "{}: not a heapdump graph capture (write one with `heapdump graph --by-pid PID -o FILE.hdsnap`)",
+                file.display()
+            );
+        }
+        stage(&format!("reading {}", file.display()));
+        let cap = graph::capture::read(file)?;
+        return Ok(Analysis {
+            c: None,
+            g: cap.graph,
+            stats: None,
+            stacks: cap.stacks,
+            header: cap.header,
+        });
+    }
+    let Captured { c, g, stats } = capture(t, stage)?;
+    stage("symbolizing");
+    let mut ids: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let stacks = stack_names(&c, ids.into_iter());
+    let header = graph::capture::CaptureHeader {
+        writer: format!("heapdump {}", env!("CARGO_PKG_VERSION")),
+        pid: c.info.pid,
+        cmdline: c.info.cmdline.clone(),
+        executable: c.info.exe_path.clone(),
+        time_unix_ns: c.time_realtime_ns,
+        sample_interval: c.info.sample_interval,
+        threads: c
+            .threads
+            .iter()
+            .map(|t| heapdump_proto::hdsnap::Thread {
+                tid: t.tid,
+                name: t.name.clone(),
+            })
+            .collect(),
+        modules: Vec::new(),
+        warnings: c.meta.warnings.clone(),
+    };
+    Ok(Analysis {
+        c: Some(c),
+        g,
+        stats: Some(stats),
+        stacks,
+        header,
+    })
+}
+
 /// Snapshots `target` and builds its reference graph (`leaks`, `retainers`, `graph`).
 fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
     let (lock_timeout, stop) = (t.lock_timeout, t.stop);
     let target = match (t.by_pid, &t.by_name) {
         (Some(p), _) => Target::Pid(p),
         (_, Some(n)) => Target::Name(n.clone()),
-        _ => unreachable!("clap requires one target"),
+        _ => unreachable!("clap requires a pid or a name here"),
     };
     let (path, file) = pick(&target)?;
     let opened = regions::open(&path)?;
@@ -575,9 +655,10 @@ fn stages() -> impl Fn(&str) {
 fn leaks(a: LeaksArgs) -> Result<()> {
     use graph::leaks::Status;
     let stage = stages();
-    let Captured { mut c, g, stats } = capture(&a.target, &stage)?;
+    let an = analysis(&a.target, &stage)?;
+    let g = &an.g;
     stage("finding what is reachable");
-    let status = graph::leaks::classify(&g);
+    let status = graph::leaks::classify(g);
 
     // Leak groups: (status, stack) -> (blocks, bytes), largest first.
     let mut groups: std::collections::HashMap<(Status, u32), (u64, u64)> = Default::default();
@@ -595,8 +676,7 @@ fn leaks(a: LeaksArgs) -> Result<()> {
     }
     let mut groups: Vec<((Status, u32), (u64, u64))> = groups.into_iter().collect();
     groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
-    stage("symbolizing");
-    let names = stack_names(&c, groups.iter().map(|g| g.0 .1));
+    let names = &an.stacks;
     let (direct, indirect) =
         groups
             .iter()
@@ -642,35 +722,62 @@ fn leaks(a: LeaksArgs) -> Result<()> {
                 .map(|g| g.1 .0)
                 .sum::<u64>()
         };
+        let scan = match &an.stats {
+            Some(st) => format!(
+                "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+                st.bytes_read,
+                st.root_bytes,
+                g.roots.len(),
+                st.seconds,
+                if st.vanished > 0 {
+                    format!("; {} blocks freed meanwhile could not be read", st.vanished)
+                } else {
+                    String::new()
+                }
+            ),
+            None => format!("; from a capture of {}", an.describe()),
+        };
         println!(
             "SUMMARY: heapdump: {} byte(s) leaked in {} allocation(s) ({} direct bytes, {} indirect) \
-             of {} live blocks; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+             of {} live blocks{scan}",
             direct + indirect,
             count(Status::Direct) + count(Status::Indirect),
             direct,
             indirect,
             g.blocks.len(),
-            stats.bytes_read,
-            stats.root_bytes,
-            g.roots.len(),
-            stats.seconds,
-            if stats.vanished > 0 {
-                format!("; {} blocks freed meanwhile could not be read", stats.vanished)
-            } else {
-                String::new()
-            }
         );
     }
     if let Some(out) = &a.output {
-        c.inuse = inuse;
-        c.alloc_totals.clear();
-        let (profile, _) = pprof::build(
-            &c,
-            pprof::Options {
-                with_tags: false,
-                symbolize: true,
-            },
-        );
+        let profile = match an.c {
+            Some(mut c) => {
+                c.inuse = inuse;
+                c.alloc_totals.clear();
+                pprof::build(
+                    &c,
+                    pprof::Options {
+                        with_tags: false,
+                        symbolize: true,
+                    },
+                )
+                .0
+            }
+            None => {
+                let mut by_stack: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+                for ((stack, _, _), (blocks, bytes)) in &inuse {
+                    let e = by_stack.entry(*stack).or_default();
+                    e.0 += *blocks as u64;
+                    e.1 += *bytes as u64;
+                }
+                pprof::from_names(
+                    &an.stacks,
+                    by_stack.into_iter().map(|(s, (b, n))| (s, b, n)),
+                    &[format!(
+                        "leaked blocks of {}, from a heapdump graph capture",
+                        an.describe()
+                    )],
+                )
+            }
+        };
         pprof::write(&profile, None, out)?;
     }
     Ok(())
@@ -724,18 +831,15 @@ fn stack_names(
 }
 
 /// The allocation site of each block's stack: its innermost frame that is not the shim's.
-fn sites(c: &snapshot::Collected, g: &graph::Graph) -> std::collections::HashMap<u32, String> {
-    let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
-    stacks.sort_unstable();
-    stacks.dedup();
-    stack_names(c, stacks.into_iter())
-        .into_iter()
+fn sites(an: &Analysis) -> std::collections::HashMap<u32, String> {
+    an.stacks
+        .iter()
         .map(|(s, names)| {
             (
-                s,
+                *s,
                 names
-                    .into_iter()
-                    .next()
+                    .first()
+                    .cloned()
                     .unwrap_or_else(|| "(no stack trace)".to_owned()),
             )
         })
@@ -769,14 +873,12 @@ fn retainers(a: RetainersArgs) -> Result<()> {
     let re = regex::Regex::new(&a.function)
         .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
     let stage = stages();
-    let Captured { c, g, .. } = capture(&a.target, &stage)?;
+    let an = analysis(&a.target, &stage)?;
+    let g = &an.g;
     stage("finding the shortest chains from the roots");
-    let tree = graph::paths::Tree::new(&g);
-    let mut stacks: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
-    stacks.sort_unstable();
-    stacks.dedup();
-    let names = stack_names(&c, stacks.into_iter());
-    let sites = sites(&c, &g);
+    let tree = graph::paths::Tree::new(g);
+    let names = &an.stacks;
+    let sites = sites(&an);
     let matching: std::collections::HashSet<u32> = names
         .iter()
         .filter(|(_, f)| f.iter().any(|n| re.is_match(n)))
@@ -796,7 +898,7 @@ fn retainers(a: RetainersArgs) -> Result<()> {
         }
         match tree.chain(i as u32) {
             Some(ch) => {
-                let e = chains.entry(chain_names(&g, &sites, &ch)).or_default();
+                let e = chains.entry(chain_names(g, &sites, &ch)).or_default();
                 e.0 += 1;
                 e.1 += b.size;
             }
@@ -833,85 +935,135 @@ fn retainers(a: RetainersArgs) -> Result<()> {
     Ok(())
 }
 
-/// `heapdump graph -o FILE.svg|FILE.heapsnapshot`.
+/// `heapdump graph -o FILE.{svg,heapsnapshot,hdsnap,pb.gz}` (and `convert`).
 fn graph_cmd(a: GraphArgs) -> Result<()> {
-    let ext = a
-        .output
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_owned();
-    if ext != "svg" && ext != "heapsnapshot" {
-        bail!(
-            "{}: the output's name says what to write: FILE.svg (an ownership flame graph) or \
-             FILE.heapsnapshot (Chrome DevTools: Memory panel, Load profile)",
-            a.output.display()
-        );
-    }
+    check_output_kind(&a.output)?;
     let stage = stages();
-    let Captured { c, g, .. } = capture(&a.target, &stage)?;
-    if ext == "heapsnapshot" {
-        stage("writing the DevTools heap snapshot");
-        let sites = sites(&c, &g);
-        let name = |b: &graph::Block| {
-            sites
-                .get(&b.stack)
-                .cloned()
-                .unwrap_or_else(|| "(no stack trace)".to_owned())
-        };
-        let mut layout = None;
-        pprof::write_with(&a.output, |out| {
-            layout = Some(graph::heapsnapshot::write(&g, &name, out)?);
-            Ok(())
-        })?;
-        let layout = layout.expect("written");
-        eprintln!(
-            "heapdump: pid {}: {} nodes, {} edges ({} live blocks, {} roots) -> {}",
-            c.info.pid,
-            layout.node_count,
-            layout.edge_count,
-            g.blocks.len(),
-            g.roots.len(),
-            a.output.display()
-        );
-        return Ok(());
+    let an = analysis(&a.target, &stage)?;
+    write_graph(&an, &a.output, &stage)
+}
+
+/// What `graph` and `convert` can write, by the output's name.
+fn check_output_kind(out: &std::path::Path) -> Result<&'static str> {
+    let name = out.to_string_lossy();
+    for kind in ["svg", "heapsnapshot", "hdsnap", "pb.gz"] {
+        if name.ends_with(&format!(".{kind}")) {
+            return Ok(kind);
+        }
     }
-    stage("finding the shortest chains from the roots");
-    let tree = graph::paths::Tree::new(&g);
-    let sites = sites(&c, &g);
-    // Collapsed stacks, one line per chain: "root;site;...;site bytes".
-    let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
-    for (i, b) in g.blocks.iter().enumerate() {
-        let names = match tree.chain(i as u32) {
-            Some(ch) => chain_names(&g, &sites, &ch),
-            None => {
-                let st = sites.get(&b.stack).cloned().unwrap_or_default();
-                vec!["(unreachable: leaked)".to_owned(), st]
+    bail!(
+        "{}: the output's name says what to write: FILE.svg (an ownership flame graph), \
+         FILE.heapsnapshot (Chrome DevTools: Memory panel, Load profile), FILE.hdsnap (a capture \
+         to analyse later) or FILE.pb.gz (pprof)",
+        out.display()
+    )
+}
+
+/// Writes `an` to `out` as its name says.
+fn write_graph(an: &Analysis, out: &std::path::Path, stage: &dyn Fn(&str)) -> Result<()> {
+    let kind = check_output_kind(out)?;
+    let g = &an.g;
+    let sites = sites(an);
+    let site_of = |b: &graph::Block| {
+        sites
+            .get(&b.stack)
+            .cloned()
+            .unwrap_or_else(|| "(no stack trace)".to_owned())
+    };
+    match kind {
+        "heapsnapshot" => {
+            stage("writing the DevTools heap snapshot");
+            let mut layout = None;
+            pprof::write_with(out, |o| {
+                layout = Some(graph::heapsnapshot::write(g, &site_of, o)?);
+                Ok(())
+            })?;
+            let layout = layout.expect("written");
+            eprintln!(
+                "heapdump: {}: {} nodes, {} edges ({} live blocks, {} roots) -> {}",
+                an.describe(),
+                layout.node_count,
+                layout.edge_count,
+                g.blocks.len(),
+                g.roots.len(),
+                out.display()
+            );
+        }
+        "hdsnap" => {
+            stage("writing the capture");
+            pprof::write_with(out, |o| graph::capture::write(o, &an.header, g, &an.stacks))?;
+            eprintln!(
+                "heapdump: {}: {} live blocks, {} edges, {} roots -> {}",
+                an.describe(),
+                g.blocks.len(),
+                g.targets.len(),
+                g.roots.len(),
+                out.display()
+            );
+        }
+        "pb.gz" => {
+            let mut by_stack: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+            for b in &g.blocks {
+                let e = by_stack.entry(b.stack).or_default();
+                e.0 += 1;
+                e.1 += b.size;
             }
-        };
-        let key: Vec<String> = names.iter().map(|n| n.replace(';', ":")).collect();
-        *folded.entry(key.join(";")).or_default() += b.size.max(1);
+            let p = pprof::from_names(
+                &an.stacks,
+                by_stack.into_iter().map(|(s, (b, n))| (s, b, n)),
+                &[format!(
+                    "live blocks of {}, from a heapdump graph",
+                    an.describe()
+                )],
+            );
+            pprof::write(&p, None, out)?;
+        }
+        _ => {
+            stage("finding the shortest chains from the roots");
+            let tree = graph::paths::Tree::new(g);
+            // Collapsed stacks, one line per chain: "root;site;...;site bytes".
+            let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
+            for (i, b) in g.blocks.iter().enumerate() {
+                let names = match tree.chain(i as u32) {
+                    Some(ch) => chain_names(g, &sites, &ch),
+                    None => vec!["(unreachable: leaked)".to_owned(), site_of(b)],
+                };
+                let key: Vec<String> = names.iter().map(|n| n.replace(';', ":")).collect();
+                *folded.entry(key.join(";")).or_default() += b.size.max(1);
+            }
+            let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let mut opts = inferno::flamegraph::Options::default();
+            opts.title = format!("Ownership: who holds the live heap of {}", an.describe());
+            opts.count_name = "bytes".to_owned();
+            let mut svg = Vec::new();
+            inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
+                .context("drawing the flame graph")?;
+            pprof::write_bytes(&svg, out)?;
+            eprintln!(
+                "heapdump: {}: {} live blocks, {} roots -> {}",
+                an.describe(),
+                g.blocks.len(),
+                g.roots.len(),
+                out.display()
+            );
+        }
     }
-    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let mut opts = inferno::flamegraph::Options::default();
-    opts.title = format!(
-        "Ownership: who holds the live heap of pid {} ({})",
-        c.info.pid,
-        regions::command_name(&c.info)
-    );
-    opts.count_name = "bytes".to_owned();
-    let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
-        .context("drawing the flame graph")?;
-    pprof::write_bytes(&svg, &a.output)?;
-    eprintln!(
-        "heapdump: pid {}: {} live blocks, {} roots -> {}",
-        c.info.pid,
-        g.blocks.len(),
-        g.roots.len(),
-        a.output.display()
-    );
     Ok(())
+}
+
+/// `heapdump convert CAPTURE -o OUT`.
+fn convert(a: cli::ConvertArgs) -> Result<()> {
+    check_output_kind(&a.output)?;
+    let stage = stages();
+    let t = cli::LiveTarget {
+        by_pid: None,
+        by_name: None,
+        file: Some(a.capture.clone()),
+        stop: false,
+        lock_timeout: 0.0,
+    };
+    let an = analysis(&t, &stage)?;
+    write_graph(&an, &a.output, &stage)
 }
 
 /// `heapdump top --retained`: the blocks and the allocation sites that retain the most.
@@ -921,10 +1073,11 @@ fn top(a: TopArgs) -> Result<()> {
         bail!("`heapdump top` ranks by retained size: pass --retained");
     }
     let stage = stages();
-    let Captured { c, g, .. } = capture(&a.target, &stage)?;
+    let an = analysis(&a.target, &stage)?;
+    let g = &an.g;
     stage("computing the dominator tree");
-    let d = graph::dominators::dominators(&g);
-    let sites = sites(&c, &g);
+    let d = graph::dominators::dominators(g);
+    let sites = sites(&an);
     let site_of = |b: u32| {
         sites
             .get(&g.blocks[b as usize].stack)

@@ -527,3 +527,72 @@ pub fn write_with(
         .with_context(|| format!("cannot rename the profile to {}", path.display()))?;
     Ok(())
 }
+
+/// A profile of live blocks named by function only (no addresses or mappings): what a
+/// reference-graph capture (`.hdsnap`) holds, which records each stack trace as function
+/// names. `stacks`: names per stack id, innermost first; `samples`: (stack id, blocks, bytes).
+/// Sample types as [`build`]'s (`alloc_*` equal to `inuse_*`: a capture has no cumulative
+/// counts); `comments` become the profile's comments.
+pub fn from_names(
+    stacks: &HashMap<u32, Vec<String>>,
+    samples: impl Iterator<Item = (u32, u64, u64)>,
+    comments: &[String],
+) -> pb::Profile {
+    let mut s = Strings::new();
+    let mut p = pb::Profile::default();
+    for (t, u) in [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ] {
+        p.sample_type.push(pb::ValueType {
+            r#type: s.id(t),
+            unit: s.id(u),
+        });
+    }
+    p.default_sample_type = s.id("inuse_space");
+    let mut functions: HashMap<String, u64> = HashMap::new();
+    let mut locations_of: HashMap<u32, Vec<u64>> = HashMap::new();
+    for (stack, blocks, bytes) in samples {
+        let locs = locations_of.entry(stack).or_insert_with(|| {
+            let names = stacks.get(&stack).cloned().unwrap_or_default();
+            names
+                .iter()
+                .map(|n| {
+                    let next = functions.len() as u64 + 1;
+                    *functions.entry(n.clone()).or_insert_with(|| {
+                        let name = s.id(n);
+                        p.function.push(pb::Function {
+                            id: next,
+                            name,
+                            system_name: name,
+                            ..Default::default()
+                        });
+                        p.location.push(pb::Location {
+                            id: next,
+                            line: vec![pb::Line {
+                                function_id: next,
+                                line: 0,
+                            }],
+                            ..Default::default()
+                        });
+                        next
+                    })
+                })
+                .collect()
+        });
+        let (b, n) = (blocks as i64, bytes as i64);
+        p.sample.push(pb::Sample {
+            location_id: locs.clone(),
+            value: vec![b, n, b, n],
+            label: Vec::new(),
+        });
+    }
+    for c in comments {
+        let i = s.id(c);
+        p.comment.push(i);
+    }
+    p.string_table = s.table;
+    p
+}

@@ -531,3 +531,82 @@ fn stop_mode_is_exact_and_the_program_resumes_even_if_heapdump_is_killed() {
     }
     assert_eq!(r.finish(), 0, "the program ran on to its normal end");
 }
+
+/// Capture once, analyse many times: `graph -o FILE.hdsnap` of a running process, then
+/// `leaks`, `retainers`, `top` and `convert` on the file give what they give on the process.
+#[test]
+fn a_capture_file_answers_as_the_live_process_does() {
+    let lib = compile_lib("leaky_lib.c", "libleaky.so", &[]);
+    let exe = compile_c("leaky", &["-fno-optimize-sibling-calls", "-ldl"]);
+    let dir = region_dir("capture");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&lib);
+    let r = start(cmd, &dir, true);
+    let pid = r.pid().to_string();
+    let cap = dir.with_extension("hdsnap");
+    let capf = cap.to_str().unwrap();
+    let (ok, _, err) = heapdump_cmd(&dir, &["graph", "--by-pid", &pid, "--stop", "-o", capf]);
+    assert!(ok, "{err}");
+    let (ok, live, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &pid, "--stop", "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(r.finish(), 0);
+    // The process is gone: the file alone answers.
+    let (ok, from_file, err) = heapdump_cmd(&dir, &["leaks", capf, "--json"]);
+    assert!(ok, "{err}");
+    let parse = |s: &str| -> Vec<serde_json::Value> { serde_json::from_str(s).unwrap() };
+    assert_eq!(parse(&from_file), parse(&live));
+    assert_eq!(parse(&from_file).len(), 6, "{from_file}");
+    // Leaked blocks of the capture as pprof, and the whole capture converted.
+    let pb = dir.with_extension("capture-leaks.pb.gz");
+    let (ok, _, err) = heapdump_cmd(&dir, &["leaks", capf, "-o", pb.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let p = decode(&pb);
+    let t = p
+        .sample
+        .iter()
+        .fold([0, 0], |a, s| [a[0] + s.value[2], a[1] + s.value[3]]);
+    assert_eq!(t, [16, 800]);
+    let (ok, _, err) = heapdump_cmd(&dir, &["convert", capf, "-o", pb.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let p = decode(&pb);
+    assert_eq!(p.sample.iter().map(|s| s.value[2]).sum::<i64>(), 28);
+    assert_eq!(sum_through(&p, "make_lost")[2..], [3, 216]);
+    let svg = dir.with_extension("capture.svg");
+    let (ok, _, err) = heapdump_cmd(&dir, &["convert", capf, "-o", svg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("<title>g_kept (leaky) (88 bytes"));
+    let (ok, _, err) = heapdump_cmd(&dir, &["leaks", "/etc/hostname"]);
+    assert!(!ok && err.contains("not a heapdump graph capture"), "{err}");
+}
+
+/// Retainers and retained sizes from a capture equal those of the live process.
+#[test]
+fn retainers_and_top_from_a_capture() {
+    let exe = compile_c("owners", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("owners-capture");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let cap = dir.with_extension("hdsnap");
+    let capf = cap.to_str().unwrap();
+    let (ok, _, err) = heapdump_cmd(&dir, &["graph", "--by-pid", &pid, "-o", capf]);
+    assert!(ok, "{err}");
+    let run = |target: &[&str], cmd: &[&str]| -> String {
+        let args: Vec<&str> = cmd.iter().chain(target).copied().collect();
+        let (ok, out, err) = heapdump_cmd(&dir, &args);
+        assert!(ok, "{args:?}: {err}");
+        out
+    };
+    for cmd in [
+        &["top", "--retained", "--json"][..],
+        &["retainers", "--function", "make_payload", "--json"][..],
+    ] {
+        let live = run(&["--by-pid", &pid], cmd);
+        let file = run(&[capf], cmd);
+        let a: serde_json::Value = serde_json::from_str(&live).unwrap();
+        let b: serde_json::Value = serde_json::from_str(&file).unwrap();
+        assert_eq!(a, b, "{cmd:?}");
+    }
+    assert_eq!(r.finish(), 0);
+}

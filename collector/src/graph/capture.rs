@@ -27,10 +27,6 @@
 //! error ("capture is truncated …", "capture is corrupt: …"), never a panic. The gzip trailer's
 //! CRC-32 is checked, and nothing may follow it.
 
-// The CLI (`graph -o FILE.hdsnap`, `leaks`/`retainers`/`top`/`convert FILE`) does not use this
-// module yet: until it does, its items are used by the tests only.
-#![allow(dead_code)]
-
 use super::{Block, Graph, Root, RootKind};
 use anyhow::{anyhow, bail, Context, Result};
 use flate2::write::GzEncoder;
@@ -1017,6 +1013,23 @@ mod tests {
         // Batch 1: blocks 0..6 (1.2 M edges ≥ 2^20 after the 6th); then 199,994 blocks in
         // batches of 65,536: 4 more.
         assert_eq!((stats.records, stats.block_records), (1 + 5 + 1, 5));
+        let batches: Vec<(u64, usize, usize)> = records_of(&bytes)
+            .iter()
+            .filter_map(|r| match pb::Record::decode(&r[..]).unwrap().kind {
+                Some(Kind::Blocks(b)) => Some((b.first_index, b.size.len(), b.target_delta.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            batches,
+            vec![
+                (0, 6, 1_200_000),
+                (6, 65_536, 0),
+                (65_542, 65_536, 0),
+                (131_078, 65_536, 0),
+                (196_614, 3_386, 0)
+            ]
+        );
         let c = decode(&bytes).unwrap();
         assert_eq!(c.graph, g);
     }
@@ -1119,6 +1132,11 @@ mod tests {
     fn records() -> Vec<Vec<u8>> {
         let g = small();
         let (bytes, _) = encode(&header(), &g, &stacks_of(&g));
+        records_of(&bytes)
+    }
+
+    /// The records of a capture, undecoded.
+    fn records_of(bytes: &[u8]) -> Vec<Vec<u8>> {
         let mut plain = Vec::new();
         flate2::read::GzDecoder::new(&bytes[12..])
             .read_to_end(&mut plain)
