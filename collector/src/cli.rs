@@ -138,6 +138,11 @@ pub struct GraphArgs {
     /// `FILE.pb.gz` (pprof of the live blocks).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Only blocks that are new since this earlier capture (`FILE.hdsnap`) are counted in the
+    /// flame graph (`.svg`): "what is new, and who holds it". A block is new if no block of the
+    /// capture had its address.
+    #[arg(long, value_name = "CAPTURE")]
+    pub since: Option<PathBuf>,
 }
 
 /// `heapdump convert`.

@@ -937,10 +937,21 @@ fn retainers(a: RetainersArgs) -> Result<()> {
 
 /// `heapdump graph -o FILE.{svg,heapsnapshot,hdsnap,pb.gz}` (and `convert`).
 fn graph_cmd(a: GraphArgs) -> Result<()> {
-    check_output_kind(&a.output)?;
+    let kind = check_output_kind(&a.output)?;
+    let since = match &a.since {
+        Some(_) if kind != "svg" => bail!("--since applies to the flame graph (-o FILE.svg)"),
+        Some(base) => {
+            let cap = graph::capture::read(base)
+                .with_context(|| format!("reading the baseline {}", base.display()))?;
+            let mut old: Vec<u64> = cap.graph.blocks.iter().map(|b| b.address).collect();
+            old.sort_unstable();
+            Some(old)
+        }
+        None => None,
+    };
     let stage = stages();
     let an = analysis(&a.target, &stage)?;
-    write_graph(&an, &a.output, &stage)
+    write_graph_since(&an, &a.output, since.as_deref(), &stage)
 }
 
 /// What `graph` and `convert` can write, by the output's name.
@@ -961,6 +972,17 @@ fn check_output_kind(out: &std::path::Path) -> Result<&'static str> {
 
 /// Writes `an` to `out` as its name says.
 fn write_graph(an: &Analysis, out: &std::path::Path, stage: &dyn Fn(&str)) -> Result<()> {
+    write_graph_since(an, out, None, stage)
+}
+
+/// As [`write_graph`]; a flame graph counts only blocks whose address is not in `since`
+/// (sorted addresses of a baseline), if given.
+fn write_graph_since(
+    an: &Analysis,
+    out: &std::path::Path,
+    since: Option<&[u64]>,
+    stage: &dyn Fn(&str),
+) -> Result<()> {
     let kind = check_output_kind(out)?;
     let g = &an.g;
     let sites = sites(an);
@@ -1024,6 +1046,9 @@ fn write_graph(an: &Analysis, out: &std::path::Path, stage: &dyn Fn(&str)) -> Re
             // Collapsed stacks, one line per chain: "root;site;...;site bytes".
             let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
             for (i, b) in g.blocks.iter().enumerate() {
+                if since.is_some_and(|old| old.binary_search(&b.address).is_ok()) {
+                    continue;
+                }
                 let names = match tree.chain(i as u32) {
                     Some(ch) => chain_names(g, &sites, &ch),
                     None => vec!["(unreachable: leaked)".to_owned(), site_of(b)],
@@ -1033,7 +1058,13 @@ fn write_graph(an: &Analysis, out: &std::path::Path, stage: &dyn Fn(&str)) -> Re
             }
             let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
             let mut opts = inferno::flamegraph::Options::default();
-            opts.title = format!("Ownership: who holds the live heap of {}", an.describe());
+            opts.title = match since {
+                Some(_) => format!(
+                    "Ownership: who holds what is new in the heap of {}",
+                    an.describe()
+                ),
+                None => format!("Ownership: who holds the live heap of {}", an.describe()),
+            };
             opts.count_name = "bytes".to_owned();
             let mut svg = Vec::new();
             inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)

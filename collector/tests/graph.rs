@@ -610,3 +610,57 @@ fn retainers_and_top_from_a_capture() {
     }
     assert_eq!(r.finish(), 0);
 }
+
+/// `graph --since BASE.hdsnap -o FILE.svg`: only what is new since the baseline capture, and
+/// who holds it.
+#[test]
+fn ownership_flame_graph_of_what_is_new_since_a_capture() {
+    use std::io::Write;
+    let exe = compile_c("grower", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("grower");
+    let mut r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let base = dir.with_extension("base.hdsnap");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", base.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    r.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    r.wait_line("grown");
+    let svg = dir.with_extension("new.svg");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &pid,
+            "--since",
+            base.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("<title>all (10,000 bytes, 100%)</title>"),
+        "only the new blocks"
+    );
+    assert!(text.contains("<title>new_alloc (10,000 bytes, 100.00%)</title>"));
+    assert!(text.contains("g_new (grower)"));
+    assert!(!text.contains("old_alloc"));
+    // Without --since, both.
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", svg.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("<title>old_alloc (10,000 bytes"),
+        "{}",
+        &text[..200]
+    );
+    assert_eq!(r.finish(), 0);
+}
