@@ -1341,6 +1341,13 @@ mod tests {
             "capture is corrupt: its first record is not a header"
         );
         assert_eq!(err(&[]), "capture is truncated (no header)");
+        // A complete gzip stream whose content ends inside a record.
+        let mut gz = GzEncoder::new(raw(1, 0, &[])[..12].to_vec(), Compression::fast());
+        gz.write_all(&[10, 0x0a, 1, 0x08]).unwrap();
+        assert_eq!(
+            decode(&gz.finish().unwrap()).unwrap_err().to_string(),
+            "capture is truncated (record 0 has 3 of its 10 bytes)"
+        );
         // A length prefix claiming more than the file can hold.
         let mut plain = vec![0xff, 0xff, 0xff, 0xff, 0x0f];
         plain.extend_from_slice(&[0; 8]);
