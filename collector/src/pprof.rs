@@ -86,10 +86,9 @@ pub fn is_shim_function(name: &str) -> bool {
             .any(|s| name == *s || name.strip_suffix(s).is_some_and(|p| p.ends_with("::")))
 }
 
-/// Builds the profile.
-pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<'_>>) {
-    let mut s = Strings::new();
-    let mut p = pb::Profile::default();
+/// The sample types of Go's heap profiles (`alloc_objects/count`, `alloc_space/bytes`,
+/// `inuse_objects/count`, `inuse_space/bytes`), `inuse_space` the default.
+fn heap_sample_types(s: &mut Strings, p: &mut pb::Profile) {
     for (t, u) in [
         ("alloc_objects", "count"),
         ("alloc_space", "bytes"),
@@ -102,6 +101,13 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         });
     }
     p.default_sample_type = s.id("inuse_space");
+}
+
+/// Builds the profile.
+pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<'_>>) {
+    let mut s = Strings::new();
+    let mut p = pb::Profile::default();
+    heap_sample_types(&mut s, &mut p);
     p.period_type = Some(pb::ValueType {
         r#type: s.id("space"),
         unit: s.id("bytes"),
@@ -540,18 +546,7 @@ pub fn from_names(
 ) -> pb::Profile {
     let mut s = Strings::new();
     let mut p = pb::Profile::default();
-    for (t, u) in [
-        ("alloc_objects", "count"),
-        ("alloc_space", "bytes"),
-        ("inuse_objects", "count"),
-        ("inuse_space", "bytes"),
-    ] {
-        p.sample_type.push(pb::ValueType {
-            r#type: s.id(t),
-            unit: s.id(u),
-        });
-    }
-    p.default_sample_type = s.id("inuse_space");
+    heap_sample_types(&mut s, &mut p);
     let mut functions: HashMap<String, u64> = HashMap::new();
     let mut locations_of: HashMap<u32, Vec<u64>> = HashMap::new();
     for (stack, blocks, bytes) in samples {
