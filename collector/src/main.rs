@@ -509,6 +509,25 @@ struct Analysis {
 }
 
 impl Analysis {
+    /// Makes sure `stacks` has the names of the given stack ids (symbolizing them for a live
+    /// process; a capture has them all).
+    fn name_stacks(&mut self, ids: impl Iterator<Item = u32>) {
+        let Some(c) = &self.c else { return };
+        let mut missing: Vec<u32> = ids.filter(|s| !self.stacks.contains_key(s)).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let names = stack_names(c, missing.into_iter());
+            self.stacks.extend(names);
+        }
+    }
+
+    /// [`Self::name_stacks`] for every stack of the graph.
+    fn name_all_stacks(&mut self) {
+        let ids: Vec<u32> = self.g.blocks.iter().map(|b| b.stack).collect();
+        self.name_stacks(ids.into_iter());
+    }
+
     fn describe(&self) -> String {
         format!(
             "pid {} ({})",
@@ -543,11 +562,9 @@ fn analysis(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Analysis> {
         });
     }
     let Captured { c, g, stats } = capture(t, stage)?;
-    stage("symbolizing");
-    let mut ids: Vec<u32> = g.blocks.iter().map(|b| b.stack).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let stacks = stack_names(&c, ids.into_iter());
+    // Stacks are symbolized on demand (`Analysis::name_stacks`): `leaks` needs only the leaked
+    // blocks' ones.
+    let stacks = Default::default();
     let header = graph::capture::CaptureHeader {
         writer: format!("heapdump {}", env!("CARGO_PKG_VERSION")),
         pid: c.info.pid,
@@ -655,10 +672,19 @@ fn stages() -> impl Fn(&str) {
 fn leaks(a: LeaksArgs) -> Result<()> {
     use graph::leaks::Status;
     let stage = stages();
-    let an = analysis(&a.target, &stage)?;
-    let g = &an.g;
+    let mut an = analysis(&a.target, &stage)?;
     stage("finding what is reachable");
-    let status = graph::leaks::classify(g);
+    let status = graph::leaks::classify(&an.g);
+    let leaked: Vec<u32> =
+        an.g.blocks
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s != Status::Reachable)
+            .map(|(b, _)| b.stack)
+            .collect();
+    stage("symbolizing");
+    an.name_stacks(leaked.into_iter());
+    let g = &an.g;
 
     // Leak groups: (status, stack) -> (blocks, bytes), largest first.
     let mut groups: std::collections::HashMap<(Status, u32), (u64, u64)> = Default::default();
@@ -873,7 +899,8 @@ fn retainers(a: RetainersArgs) -> Result<()> {
     let re = regex::Regex::new(&a.function)
         .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
     let stage = stages();
-    let an = analysis(&a.target, &stage)?;
+    let mut an = analysis(&a.target, &stage)?;
+    an.name_all_stacks();
     let g = &an.g;
     stage("finding the shortest chains from the roots");
     let tree = graph::paths::Tree::new(g);
@@ -950,7 +977,8 @@ fn graph_cmd(a: GraphArgs) -> Result<()> {
         None => None,
     };
     let stage = stages();
-    let an = analysis(&a.target, &stage)?;
+    let mut an = analysis(&a.target, &stage)?;
+    an.name_all_stacks();
     write_graph_since(&an, &a.output, since.as_deref(), &stage)
 }
 
@@ -1104,7 +1132,8 @@ fn top(a: TopArgs) -> Result<()> {
         bail!("`heapdump top` ranks by retained size: pass --retained");
     }
     let stage = stages();
-    let an = analysis(&a.target, &stage)?;
+    let mut an = analysis(&a.target, &stage)?;
+    an.name_all_stacks();
     let g = &an.g;
     stage("computing the dominator tree");
     let d = graph::dominators::dominators(g);
