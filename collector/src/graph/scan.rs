@@ -484,25 +484,31 @@ fn find_roots(
     let mut symbols: HashMap<usize, Vec<(u64, u64, String)>> = HashMap::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut found = Vec::new();
-    for (mi, m) in maps.iter().enumerate() {
+    for m in maps {
         if !m.write || !m.read || m.path.ends_with(".heapdump") || m.path == region {
             continue;
         }
         if m.path == "[heap]" || m.path.starts_with("[v") || holds_block(m) {
             continue;
         }
-        // Which module's globals these are: a file mapping of the module, or the anonymous
-        // mapping right after one (its .bss).
-        let module_path = if m.path.starts_with('/') {
-            Some(m.path.clone())
-        } else if m.path.is_empty() && mi > 0 && maps[mi - 1].end == m.start {
-            Some(maps[mi - 1].path.clone()).filter(|p| p.starts_with('/'))
-        } else {
-            None
-        };
+        // Which module's globals these are: a file mapping of the module, or memory inside its
+        // segments (the anonymous mapping of its .bss).
+        let module_path = m.path.starts_with('/').then(|| m.path.clone());
+        // By path, else by address: a loaded module whose PT_LOAD segments (their memory size
+        // includes .bss) cover the mapping — the loader may name a file by another path
+        // (`/lib64/ld-linux-x86-64.so.2` for `/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2`).
         let module = module_path
             .as_ref()
-            .and_then(|p| modules.iter().position(|x| &x.path == p && x.loaded));
+            .and_then(|p| modules.iter().position(|x| &x.path == p && x.loaded))
+            .or_else(|| {
+                modules.iter().position(|x| {
+                    x.loaded
+                        && x.segments.iter().any(|sg| {
+                            let lo = x.base.wrapping_add(sg.vaddr);
+                            m.start >= lo && m.start < lo.wrapping_add(sg.memsz)
+                        })
+                })
+            });
         // A thread whose stack pointer lies here: its stack, scanned from sp up. The thread is
         // blocked in a system call (that is how its sp is known), so nothing below sp is live:
         // the red zone there holds stale values of returned calls (as LeakSanitizer, which
@@ -539,7 +545,22 @@ fn find_roots(
             }
             addr += got as u64;
         }
+        // The end of the module's segments: a mapping the program made right after its .bss
+        // can be merged into the same memory area by the kernel; words past the end are that
+        // mapping's.
+        let module_end = module.map(|mi| {
+            let x = &modules[mi];
+            x.segments
+                .iter()
+                .map(|sg| x.base.wrapping_add(sg.vaddr).wrapping_add(sg.memsz))
+                .max()
+                .unwrap_or(0)
+        });
         for (at, b) in found.drain(..) {
+            let (kind, module) = match module_end {
+                Some(end) if kind == RootKind::Global && at >= end => (RootKind::Mapping, None),
+                _ => (kind, module),
+            };
             let name = match (kind, module) {
                 (RootKind::Global, Some(mi)) => {
                     let syms = symbols
