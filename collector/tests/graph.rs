@@ -647,8 +647,10 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
         text.contains("<title>all (10,000 bytes, 100%)</title>"),
         "only the new blocks"
     );
-    assert!(text.contains("<title>new_alloc (10,000 bytes, 100.00%)</title>"));
-    assert!(text.contains("g_new (grower)"));
+    // (Most of) the new blocks hang from g_new; one may be reached first through malloc's own
+    // state in libc's data, which points at free chunks right after live blocks.
+    assert!(text.contains("<title>g_new (grower) ("), "{text}");
+    assert!(text.contains("<title>new_alloc ("));
     assert!(!text.contains("old_alloc"));
     // Without --since, both.
     let (ok, _, err) = heapdump_cmd(
