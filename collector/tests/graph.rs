@@ -647,10 +647,13 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
         text.contains("<title>all (10,000 bytes, 100%)</title>"),
         "only the new blocks"
     );
-    // (Most of) the new blocks hang from g_new; one may be reached first through malloc's own
-    // state in libc's data, which points at free chunks right after live blocks.
-    assert!(text.contains("<title>g_new (grower) ("), "{text}");
-    assert!(text.contains("<title>new_alloc ("));
+    // All of them from g_new: glibc's malloc state in libc's data points at the header of the
+    // chunk after a new block (a free chunk, the top chunk) and must not count.
+    assert!(
+        text.contains("<title>g_new (grower) (10,000 bytes, 100.00%)</title>"),
+        "{text}"
+    );
+    assert!(text.contains("<title>new_alloc (10,000 bytes, 100.00%)</title>"));
     assert!(!text.contains("old_alloc"));
     // Without --since, both.
     let (ok, _, err) = heapdump_cmd(

@@ -388,6 +388,14 @@ fn scan_blocks(
     (counts, targets, stats)
 }
 
+/// Whether `v` is where glibc puts the header of the chunk after `b` (x86-64: chunks are
+/// 16-aligned, at least 32 bytes, with an 8-byte size field before the user data and the next
+/// chunk's 8-byte `prev_size` overlapping the end of this one): `address − 16 + chunk size`.
+fn is_next_chunk_header(b: &Block, v: u64) -> bool {
+    let chunk = ((b.size + 8 + 15) & !15).max(32);
+    v == (b.address + chunk).wrapping_sub(16)
+}
+
 /// A thread of the target: id, name and stack pointer when known.
 #[derive(Debug)]
 struct Thread {
@@ -529,6 +537,11 @@ fn find_roots(
             // Other file mappings (a file the program maps writable): its memory, scanned.
             _ => (RootKind::Mapping, m.start),
         };
+        // glibc's malloc state (main_arena, in libc's data) points at chunk headers: of free
+        // chunks in its bins and of the top chunk. A chunk's header lies in the last bytes of
+        // the live block before it, so those pointers would keep that block alive.
+        let in_libc = kind == RootKind::Global
+            && module.is_some_and(|mi| file_name(&modules[mi].path).starts_with("libc.so"));
         let mut addr = from;
         while addr < m.end {
             let len = ((m.end - addr) as usize).min(buf.len());
@@ -540,6 +553,9 @@ fn find_roots(
             for (w, word) in buf[..got & !7].chunks_exact(8).enumerate() {
                 let v = u64::from_ne_bytes(word.try_into().unwrap());
                 if let Some(b) = lookup.find(v) {
+                    if in_libc && is_next_chunk_header(&blocks[b as usize], v) {
+                        continue;
+                    }
                     found.push((addr + 8 * w as u64, b));
                 }
             }
@@ -626,6 +642,23 @@ mod tests {
         let m = parse_maps_line("55d0-55e0 rw-p 00002000 fe:00 123   /usr/lib/with space/libx.so")
             .unwrap();
         assert_eq!(m.path, "/usr/lib/with space/libx.so");
+    }
+
+    #[test]
+    fn glibc_next_chunk_headers() {
+        let b = |address, size| Block {
+            address,
+            size,
+            stack: 0,
+            thread: 0,
+        };
+        // 200 B: chunk of 208 B, next header at address + 192 (inside the block's bytes).
+        assert!(is_next_chunk_header(&b(0x1000, 200), 0x10c0));
+        assert!(!is_next_chunk_header(&b(0x1000, 200), 0x10b8));
+        // 24 B: a 32-byte chunk; 100 B: 112 bytes; 0 B: the 32-byte minimum.
+        assert!(is_next_chunk_header(&b(0x2000, 24), 0x2010));
+        assert!(is_next_chunk_header(&b(0x3000, 100), 0x3060));
+        assert!(is_next_chunk_header(&b(0x4000, 0), 0x4010));
     }
 
     #[test]
