@@ -164,20 +164,24 @@ const RUN_GAP: u64 = 64 << 10;
 /// Finds the block containing an address among blocks sorted by address: a hash map from each
 /// 4 KiB page the blocks cover to the range of blocks overlapping it, then a binary search in
 /// that short range (a search over all block starts misses the cache at every step: 10 M
-/// starts are 80 MB).
-struct Lookup<'a> {
-    starts: Vec<u64>,
-    blocks: &'a [Block],
+/// starts are 80 MB). Starts and ends sit side by side, so the block found is checked without
+/// touching the block list.
+struct Lookup {
+    /// `[address, address + max(size, 1))` of every block, in order.
+    spans: Vec<[u64; 2]>,
     lo: u64,
     hi: u64,
     /// Page number → `[first, last + 1)` block indices overlapping the page.
     pages: rustc_hash::FxHashMap<u64, (u32, u32)>,
 }
 
-impl<'a> Lookup<'a> {
-    fn new(blocks: &'a [Block]) -> Self {
-        let starts: Vec<u64> = blocks.iter().map(|b| b.address).collect();
-        let lo = starts.first().copied().unwrap_or(0);
+impl Lookup {
+    fn new(blocks: &[Block]) -> Self {
+        let spans: Vec<[u64; 2]> = blocks
+            .iter()
+            .map(|b| [b.address, b.address + b.size.max(1)])
+            .collect();
+        let lo = spans.first().map(|s| s[0]).unwrap_or(0);
         let hi = blocks
             .iter()
             .map(|b| b.address + b.size.max(1))
@@ -193,8 +197,7 @@ impl<'a> Lookup<'a> {
             }
         }
         Lookup {
-            starts,
-            blocks,
+            spans,
             lo,
             hi,
             pages,
@@ -208,11 +211,9 @@ impl<'a> Lookup<'a> {
             return None;
         }
         let &(a, b) = self.pages.get(&(v >> 12))?;
-        let range = &self.starts[a as usize..b as usize];
-        let k = range.partition_point(|&s| s <= v).checked_sub(1)?;
-        let i = a as usize + k;
-        let bl = &self.blocks[i];
-        (v < bl.address + bl.size.max(1)).then_some(i as u32)
+        let range = &self.spans[a as usize..b as usize];
+        let k = range.partition_point(|s| s[0] <= v).checked_sub(1)?;
+        (v < range[k][1]).then_some(a + k as u32)
     }
 
     /// Indices of the blocks the aligned words of `bytes` point into, appended to `out`
@@ -334,11 +335,7 @@ pub fn build(
 
 /// Finds the edges of `blocks` (sorted by address): per block its number of edges, the edges
 /// in order, and what was read.
-fn scan_blocks(
-    blocks: &[Block],
-    lookup: &Lookup<'_>,
-    mem: &Memory,
-) -> (Vec<u32>, Vec<u32>, ScanStats) {
+fn scan_blocks(blocks: &[Block], lookup: &Lookup, mem: &Memory) -> (Vec<u32>, Vec<u32>, ScanStats) {
     let mut stats = ScanStats::default();
     let mut counts = Vec::with_capacity(blocks.len());
     let mut targets: Vec<u32> = Vec::new();
@@ -461,7 +458,7 @@ fn find_roots(
     pid: u32,
     maps: &[Mapping],
     blocks: &[Block],
-    lookup: &Lookup<'_>,
+    lookup: &Lookup,
     mem: &Memory,
     modules: &[Module],
     region: &Path,
