@@ -210,7 +210,12 @@ fn invalid_settings_are_reported() {
         "HEAPDUMP_MAX_THREADS=1 is out of range: using 2",
         "HEAPDUMP_MAX_BLOCK is not a heapdump setting: ignored (see the README's list)",
     ];
-    let mut got = warnings.clone();
+    // (A nearly full disk adds a warning of its own about reduced capacities: not ours here.)
+    let mut got: Vec<String> = warnings
+        .iter()
+        .filter(|w| !w.contains("little free space"))
+        .cloned()
+        .collect();
     got.sort();
     let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
     want.sort();

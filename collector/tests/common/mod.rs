@@ -45,7 +45,14 @@ pub fn shim() -> PathBuf {
 }
 
 /// A fresh, private region directory for one test.
+///
+/// The first call of a test process removes what earlier test processes left in the temporary
+/// directory (`heapdump-test-NAME-PID-N` directories, with kept regions, and the files named
+/// after them) when that process is gone: a machine that runs the tests again and again must
+/// not fill its disk.
 pub fn region_dir(name: &str) -> PathBuf {
+    static CLEAN: std::sync::Once = std::sync::Once::new();
+    CLEAN.call_once(remove_stale_test_files);
     static N: AtomicU32 = AtomicU32::new(0);
     let d = std::env::temp_dir().join(format!(
         "heapdump-test-{}-{}-{}",
@@ -483,4 +490,34 @@ pub fn compile_lib(src: &str, name: &str, extra: &[&str]) -> PathBuf {
     assert!(st.success(), "compiling {src}");
     std::fs::rename(&tmp, &lib).unwrap();
     lib
+}
+
+/// Removes `heapdump-test-*` directories and files of test processes that are gone.
+fn remove_stale_test_files() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("heapdump-test-") else {
+            continue;
+        };
+        // NAME-PID-N, possibly followed by ".ext…"
+        let stem = rest.split('.').next().unwrap_or(rest);
+        let mut parts = stem.rsplit('-');
+        let (_n, pid) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<u32>().ok()),
+        );
+        let Some(pid) = pid else { continue };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let p = e.path();
+        let _ = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+    }
 }
