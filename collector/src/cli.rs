@@ -22,7 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// List instrumented processes (running and exited) whose regions exist.
     List(ListArgs),
-    /// Snapshot the live allocations of a process into a gzip-compressed pprof profile.
+    /// Snapshot the live allocations of a process (or of several: --multi-process) into a
+    /// gzip-compressed pprof profile, or an SVG flame graph (-o FILE.svg).
     Snapshot(SnapshotArgs),
     /// Run a command with the heapdump shim preloaded; exits with the command's status.
     Run(RunArgs),
@@ -41,7 +42,8 @@ pub enum Command {
     /// graph).
     Top(TopArgs),
     /// Convert a graph capture (`.hdsnap`) into a flame graph (`.svg`), a DevTools heap
-    /// snapshot (`.heapsnapshot`) or a pprof profile of its live blocks (`.pb.gz`).
+    /// snapshot (`.heapsnapshot`) or a pprof profile of its live blocks (`.pb.gz`); or a pprof
+    /// profile (`.pb.gz`) into a flame graph (`.svg`).
     Convert(ConvertArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
@@ -148,12 +150,19 @@ pub struct GraphArgs {
 /// `heapdump convert`.
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// The capture, written by `heapdump graph -o FILE.hdsnap`.
-    #[arg(value_name = "CAPTURE")]
+    /// The input, told by its content: a graph capture (written by `heapdump graph -o
+    /// FILE.hdsnap`), or a gzip-compressed pprof profile (written by `heapdump snapshot`).
+    #[arg(value_name = "INPUT")]
     pub capture: PathBuf,
-    /// Output: FILE.svg, FILE.heapsnapshot, FILE.hdsnap or FILE.pb.gz.
+    /// Output. From a capture: FILE.svg (ownership flame graph), FILE.heapsnapshot,
+    /// FILE.hdsnap or FILE.pb.gz. From a pprof profile: FILE.svg (flame graph of the profile's
+    /// stacks) or FILE.pb.gz.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// From a pprof profile: the sample type the flame graph shows (default: the profile's
+    /// default sample type, inuse_space for heapdump's).
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub sample_index: Option<SampleIndex>,
 }
 
 /// `heapdump gc`.
@@ -174,22 +183,45 @@ pub struct ListArgs {
 
 /// `heapdump snapshot`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name", "region"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["by_pid", "by_name", "region", "multi_process"])))]
+#[command(
+    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz"
+)]
 pub struct SnapshotArgs {
     /// Process id of the target (its current image's region).
-    #[arg(long, value_name = "PID")]
+    #[arg(long, value_name = "PID", conflicts_with_all = ["by_name", "region", "multi_process"])]
     pub by_pid: Option<u32>,
     /// Command name of the target (argv[0]'s or the executable's file name); must be unique.
-    #[arg(long, value_name = "NAME")]
-    pub by_name: Option<String>,
+    /// With --multi-process: every running process of that name; may be given several times.
+    #[arg(long, value_name = "NAME", action = clap::ArgAction::Append)]
+    pub by_name: Vec<String>,
     /// Read this region file directly.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["by_name", "multi_process"])]
     pub region: Option<PathBuf>,
-    /// Output file (gzip-compressed pprof).
+    /// Snapshot several running instrumented processes into one profile: all of this user's
+    /// (those in the region directory), or those --by-name and/or --tree select. Every sample
+    /// is labelled with the strings `process_name` and `pid`; each process keeps mappings,
+    /// locations and functions of its own. A process that exits or fails meanwhile is
+    /// reported on stderr (one line) and left out; fails only if none succeeded.
+    #[arg(long)]
+    pub multi_process: bool,
+    /// With --multi-process: only process PID and its descendants (children, their
+    /// children, …: parent pids from /proc/*/stat).
+    #[arg(long, value_name = "PID", requires = "multi_process")]
+    pub tree: Option<u32>,
+    /// Output file: a gzip-compressed pprof profile, or an interactive SVG flame graph when
+    /// its name ends in `.svg` (or with --format svg); `-` is standard output.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// What to write, instead of guessing from the output's name.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<FormatArg>,
+    /// The sample type the flame graph shows (its widths: bytes or blocks), and the pprof
+    /// profile's default one. Default: inuse_space.
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub sample_index: Option<SampleIndex>,
     /// One sample per live block, labelled address, bytes, timestamp (ns since the epoch, tick
-    /// resolution) and thread.
+    /// resolution) and thread (pprof output of one process only).
     #[arg(long)]
     pub with_tags: bool,
     /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).
@@ -199,6 +231,54 @@ pub struct SnapshotArgs {
     /// runs at a time); then fail, naming the process that holds the region's lock.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
+}
+
+/// `--format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// Gzip-compressed pprof profile.
+    Pprof,
+    /// Interactive SVG flame graph (click a frame to zoom, Ctrl-F to search).
+    Svg,
+}
+
+/// `--sample-index`: the sample types of heapdump's profiles (those of Go's heap profiles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SampleIndex {
+    /// Bytes of the blocks live at the snapshot.
+    #[value(name = "inuse_space")]
+    InuseSpace,
+    /// Blocks live at the snapshot.
+    #[value(name = "inuse_objects")]
+    InuseObjects,
+    /// Bytes allocated since start-up, freed or not.
+    #[value(name = "alloc_space")]
+    AllocSpace,
+    /// Blocks allocated since start-up, freed or not.
+    #[value(name = "alloc_objects")]
+    AllocObjects,
+}
+
+impl SampleIndex {
+    /// The sample type's name in the profile (`inuse_space`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleIndex::InuseSpace => "inuse_space",
+            SampleIndex::InuseObjects => "inuse_objects",
+            SampleIndex::AllocSpace => "alloc_space",
+            SampleIndex::AllocObjects => "alloc_objects",
+        }
+    }
+}
+
+/// The output format: `--format`, else `svg` for a name ending in `.svg`, else pprof.
+pub fn output_format(format: Option<FormatArg>, output: &std::path::Path) -> crate::pprof::Format {
+    match format {
+        Some(FormatArg::Svg) => crate::pprof::Format::Svg,
+        Some(FormatArg::Pprof) => crate::pprof::Format::Pprof,
+        None if output.extension().is_some_and(|e| e == "svg") => crate::pprof::Format::Svg,
+        None => crate::pprof::Format::Pprof,
+    }
 }
 
 /// `heapdump run`.
@@ -229,15 +309,31 @@ pub enum Target {
     Name(String),
     /// A region file.
     File(PathBuf),
+    /// Several running processes (`--multi-process`).
+    Many(Selection),
+}
+
+/// Which running processes a multi-process snapshot takes: those matching every filter given
+/// (none: all of this user's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selection {
+    /// Command names (any of them); empty: any name.
+    pub names: Vec<String>,
+    /// Only this process and its descendants.
+    pub tree: Option<u32>,
 }
 
 /// What `heapdump snapshot` does.
 #[derive(Debug, Clone)]
 pub struct SnapshotProps {
-    /// Which region.
+    /// Which region(s).
     pub target: Target,
     /// Output path.
     pub output: PathBuf,
+    /// What to write.
+    pub format: crate::pprof::Format,
+    /// The sample type to show (`None`: the profile's default, inuse_space).
+    pub sample_index: Option<&'static str>,
     /// Per-block samples.
     pub with_tags: bool,
     /// Symbolize in the collector.
@@ -246,20 +342,47 @@ pub struct SnapshotProps {
     pub lock_timeout: std::time::Duration,
 }
 
-impl From<SnapshotArgs> for SnapshotProps {
-    fn from(a: SnapshotArgs) -> Self {
-        let target = match (a.by_pid, a.by_name, a.region) {
-            (Some(p), _, _) => Target::Pid(p),
-            (_, Some(n), _) => Target::Name(n),
-            (_, _, Some(f)) => Target::File(f),
-            _ => unreachable!("clap requires one target"),
+impl TryFrom<SnapshotArgs> for SnapshotProps {
+    type Error = anyhow::Error;
+
+    /// Errors: options that do not go together (several --by-name without --multi-process,
+    /// --with-tags with --multi-process or a flame graph).
+    fn try_from(a: SnapshotArgs) -> anyhow::Result<Self> {
+        let format = output_format(a.format, &a.output);
+        let target = if a.multi_process {
+            Target::Many(Selection {
+                names: a.by_name,
+                tree: a.tree,
+            })
+        } else {
+            match (a.by_pid, a.by_name.as_slice(), a.region) {
+                (Some(p), _, _) => Target::Pid(p),
+                (_, [n], _) => Target::Name(n.clone()),
+                (_, [_, _, ..], _) => anyhow::bail!(
+                    "--by-name names one process; to snapshot every process of several names \
+                     into one profile, add --multi-process"
+                ),
+                (_, _, Some(f)) => Target::File(f),
+                _ => unreachable!("clap requires one target"),
+            }
         };
-        SnapshotProps {
+        if a.with_tags && matches!(target, Target::Many(_)) {
+            anyhow::bail!("--with-tags takes one process: leave out --multi-process");
+        }
+        if a.with_tags && format == crate::pprof::Format::Svg {
+            anyhow::bail!(
+                "--with-tags writes one sample per block into a pprof profile, which a flame \
+                 graph does not need: leave it out, or write a .pb.gz"
+            );
+        }
+        Ok(SnapshotProps {
             target,
             output: a.output,
+            format,
+            sample_index: a.sample_index.map(SampleIndex::as_str),
             with_tags: a.with_tags,
             symbolize: !a.no_symbolize,
             lock_timeout: std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
-        }
+        })
     }
 }

@@ -2,10 +2,13 @@
 //!
 //! Modules: [`cli`] (argument parsing), [`regions`] (finding and opening region files safely),
 //! [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym), [`pprof`] (profile
-//! building and writing).
+//! building, merging and writing), [`multi`] (several processes into one profile), [`flame`]
+//! (SVG flame graphs).
 
 mod cli;
+mod flame;
 mod graph;
+mod multi;
 mod pprof;
 mod regions;
 mod snapshot;
@@ -24,7 +27,7 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::List(a) => list(a),
-        Command::Snapshot(a) => snapshot(a.into()),
+        Command::Snapshot(a) => SnapshotProps::try_from(a).and_then(snapshot),
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
         Command::Leaks(a) => leaks(a),
@@ -203,6 +206,7 @@ fn gc(a: GcArgs) -> Result<()> {
 fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
     match target {
         Target::File(p) => Ok((p.clone(), None)),
+        Target::Many(_) => bail!("this command takes one process, not --multi-process"),
         Target::Pid(pid) => {
             let files = regions::list_files(&regions::region_dir())?;
             let mut mine: Vec<&RegionFile> = files.iter().filter(|f| f.pid == *pid).collect();
@@ -226,12 +230,9 @@ fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
             let matches: Vec<&Entry> = entries
                 .iter()
                 .filter(|e| {
-                    e.info.as_ref().is_some_and(|i| {
-                        regions::command_name(i) == *name
-                            || std::path::Path::new(&i.exe_path)
-                                .file_name()
-                                .is_some_and(|f| f.to_string_lossy() == *name)
-                    })
+                    e.info
+                        .as_ref()
+                        .is_some_and(|i| regions::matches_name(i, name))
                 })
                 .collect();
             let alive: Vec<&&Entry> = matches
@@ -273,6 +274,9 @@ fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
 }
 
 fn snapshot(p: SnapshotProps) -> Result<()> {
+    if let Target::Many(sel) = &p.target {
+        return multi::snapshot(&p, sel);
+    }
     let (path, file) = pick(&p.target)?;
     let opened = regions::open(&path)?;
     let info = opened.region()?.info();
@@ -324,7 +328,7 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
-    let (profile, blocks) = pprof::build(
+    let (mut profile, blocks) = pprof::build(
         &c,
         pprof::Options {
             with_tags: p.with_tags,
@@ -340,7 +344,14 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             ""
         }
     ));
-    pprof::write(&profile, blocks.as_ref(), &p.output)?;
+    pprof::write_as(
+        &mut profile,
+        blocks.as_ref(),
+        &p.output,
+        p.format,
+        p.sample_index,
+        &format!("pid {} ({})", c.info.pid, regions::command_name(&c.info)),
+    )?;
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
         c.info.pid,
@@ -1071,8 +1082,8 @@ fn write_graph_since(
         _ => {
             stage("finding the shortest chains from the roots");
             let tree = graph::paths::Tree::new(g);
-            // Collapsed stacks, one line per chain: "root;site;...;site bytes".
-            let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
+            // Collapsed stacks, one per chain: root, then the sites along it.
+            let mut folded = flame::Folded::new();
             for (i, b) in g.blocks.iter().enumerate() {
                 if since.is_some_and(|old| old.binary_search(&b.address).is_ok()) {
                     continue;
@@ -1081,23 +1092,18 @@ fn write_graph_since(
                     Some(ch) => chain_names(g, &sites, &ch),
                     None => vec!["(unreachable: leaked)".to_owned(), site_of(b)],
                 };
-                let key: Vec<String> = names.iter().map(|n| n.replace(';', ":")).collect();
-                *folded.entry(key.join(";")).or_default() += b.size.max(1);
+                *folded
+                    .entry(flame::key(names.iter().map(String::as_str)))
+                    .or_default() += b.size.max(1);
             }
-            let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let mut opts = inferno::flamegraph::Options::default();
-            opts.title = match since {
+            let title = match since {
                 Some(_) => format!(
                     "Ownership: who holds what is new in the heap of {}",
                     an.describe()
                 ),
                 None => format!("Ownership: who holds the live heap of {}", an.describe()),
             };
-            opts.count_name = "bytes".to_owned();
-            let mut svg = Vec::new();
-            inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
-                .context("drawing the flame graph")?;
-            pprof::write_bytes(&svg, out)?;
+            flame::write_svg(&folded, &title, "bytes", out)?;
             eprintln!(
                 "heapdump: {}: {} live blocks, {} roots -> {}",
                 an.describe(),
@@ -1110,8 +1116,14 @@ fn write_graph_since(
     Ok(())
 }
 
-/// `heapdump convert CAPTURE -o OUT`.
+/// `heapdump convert INPUT -o OUT`: a capture, or a gzip pprof profile (told by content).
 fn convert(a: cli::ConvertArgs) -> Result<()> {
+    if !graph::capture::is_capture(&a.capture) && pprof::is_gzip(&a.capture) {
+        return convert_profile(&a);
+    }
+    if a.sample_index.is_some() {
+        bail!("--sample-index applies to a pprof profile; a capture's flame graph shows bytes");
+    }
     check_output_kind(&a.output)?;
     let stage = stages();
     let t = cli::LiveTarget {
@@ -1123,6 +1135,44 @@ fn convert(a: cli::ConvertArgs) -> Result<()> {
     };
     let an = analysis(&t, &stage)?;
     write_graph(&an, &a.output, &stage)
+}
+
+/// `heapdump convert PROFILE.pb.gz -o OUT.{svg,pb.gz}`: a flame graph of a saved profile.
+fn convert_profile(a: &cli::ConvertArgs) -> Result<()> {
+    let name = a.output.to_string_lossy();
+    let format = if name.ends_with(".svg") {
+        pprof::Format::Svg
+    } else if name.ends_with(".pb.gz") || a.output.as_os_str() == "-" {
+        pprof::Format::Pprof
+    } else {
+        bail!(
+            "{}: from a pprof profile, convert writes FILE.svg (a flame graph) or FILE.pb.gz; \
+             the reference graph (.heapsnapshot, .hdsnap) needs a capture \
+             (`heapdump graph --by-pid PID -o FILE.hdsnap`)",
+            a.output.display()
+        )
+    };
+    let mut p = pprof::read(&a.capture)?;
+    let what = a
+        .capture
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    pprof::write_as(
+        &mut p,
+        None,
+        &a.output,
+        format,
+        a.sample_index.map(cli::SampleIndex::as_str),
+        &what,
+    )?;
+    eprintln!(
+        "heapdump: {}: {} samples -> {}",
+        a.capture.display(),
+        p.sample.len(),
+        a.output.display()
+    );
+    Ok(())
 }
 
 /// `heapdump top --retained`: the blocks and the allocation sites that retain the most.

@@ -591,3 +591,306 @@ pub fn from_names(
     p.string_table = s.table;
     p
 }
+
+/// One process's profile (built by [`build`]) in a multi-process snapshot, with the labels
+/// that tell its samples apart there.
+#[derive(Debug)]
+pub struct Part {
+    /// The process's own profile.
+    pub profile: pb::Profile,
+    /// Its command name: the string label `process_name` of its samples.
+    pub process_name: String,
+    /// Its pid: the string label `pid` of its samples.
+    pub pid: u32,
+}
+
+/// Merges the profiles of several processes into one: every sample keeps its stack, values
+/// and labels and gains the string labels `process_name` and `pid` (strings, so that
+/// `go tool pprof -tagroot process_name,pid` names them as they are, and `-tagfocus pid=1234`
+/// matches one process). Each process keeps mappings, locations and functions of its own
+/// (their ids are renumbered, never shared between processes: the same address means
+/// different code in two processes). Sample types, default sample type and `drop_frames` are
+/// the first part's (all parts come from [`build`], which gives them all the same);
+/// `time_nanos` is the earliest; `period` the largest (the values are already unbiased
+/// estimates). `comments` come first, then each part's comments prefixed `pid PID: `.
+pub fn merge(parts: &[Part], comments: &[String]) -> pb::Profile {
+    let mut s = Strings::new();
+    let mut p = pb::Profile::default();
+    let str_of = |q: &pb::Profile, i: i64| -> String {
+        q.string_table.get(i as usize).cloned().unwrap_or_default()
+    };
+    if let Some(first) = parts.first() {
+        let q = &first.profile;
+        for t in &q.sample_type {
+            p.sample_type.push(pb::ValueType {
+                r#type: s.id(&str_of(q, t.r#type)),
+                unit: s.id(&str_of(q, t.unit)),
+            });
+        }
+        p.period_type = q.period_type.map(|t| pb::ValueType {
+            r#type: s.id(&str_of(q, t.r#type)),
+            unit: s.id(&str_of(q, t.unit)),
+        });
+        p.default_sample_type = s.id(&str_of(q, q.default_sample_type));
+        p.drop_frames = s.id(&str_of(q, q.drop_frames));
+        p.keep_frames = s.id(&str_of(q, q.keep_frames));
+    }
+    for c in comments {
+        let i = s.id(c);
+        p.comment.push(i);
+    }
+    let key_name = s.id("process_name");
+    let key_pid = s.id("pid");
+    for part in parts {
+        let q = &part.profile;
+        let ids: Vec<i64> = q.string_table.iter().map(|x| s.id(x)).collect();
+        let st = |i: i64| ids.get(i as usize).copied().unwrap_or(0);
+        // New ids start above every id so far: no two processes share one.
+        let mapping_base = p.mapping.iter().map(|m| m.id).max().unwrap_or(0);
+        let location_base = p.location.iter().map(|l| l.id).max().unwrap_or(0);
+        let function_base = p.function.iter().map(|f| f.id).max().unwrap_or(0);
+        p.mapping.extend(q.mapping.iter().map(|m| pb::Mapping {
+            id: m.id + mapping_base,
+            filename: st(m.filename),
+            build_id: st(m.build_id),
+            ..*m
+        }));
+        p.function.extend(q.function.iter().map(|f| pb::Function {
+            id: f.id + function_base,
+            name: st(f.name),
+            system_name: st(f.system_name),
+            filename: st(f.filename),
+            start_line: f.start_line,
+        }));
+        p.location.extend(q.location.iter().map(|l| {
+            pb::Location {
+                id: l.id + location_base,
+                mapping_id: if l.mapping_id == 0 {
+                    0
+                } else {
+                    l.mapping_id + mapping_base
+                },
+                address: l.address,
+                line: l
+                    .line
+                    .iter()
+                    .map(|x| pb::Line {
+                        function_id: x.function_id + function_base,
+                        line: x.line,
+                    })
+                    .collect(),
+                is_folded: l.is_folded,
+            }
+        }));
+        let name = pb::Label {
+            key: key_name,
+            str: s.id(&part.process_name),
+            ..Default::default()
+        };
+        let pid = pb::Label {
+            key: key_pid,
+            str: s.id(&part.pid.to_string()),
+            ..Default::default()
+        };
+        p.sample.extend(q.sample.iter().map(|x| {
+            pb::Sample {
+                location_id: x.location_id.iter().map(|l| l + location_base).collect(),
+                value: x.value.clone(),
+                label: x
+                    .label
+                    .iter()
+                    .map(|l| pb::Label {
+                        key: st(l.key),
+                        str: st(l.str),
+                        num: l.num,
+                        num_unit: st(l.num_unit),
+                    })
+                    .chain([name, pid])
+                    .collect(),
+            }
+        }));
+        // Each process's comments, prefixed with its pid (pprof shows identical comments once).
+        let prefix = format!("pid {}: ", part.pid);
+        for &c in &q.comment {
+            let i = s.id(&(prefix.clone() + &str_of(q, c)));
+            p.comment.push(i);
+        }
+        if q.time_nanos != 0 && (p.time_nanos == 0 || q.time_nanos < p.time_nanos) {
+            p.time_nanos = q.time_nanos;
+        }
+        p.period = p.period.max(q.period);
+    }
+    p.string_table = s.table;
+    p
+}
+
+/// Whether the file at `path` starts as a gzip stream does (bytes `1f 8b`): a pprof profile
+/// as heapdump and Go write them.
+pub fn is_gzip(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut m = [0u8; 2];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut m))
+        .is_ok()
+        && m == [0x1f, 0x8b]
+}
+
+/// Largest decompressed profile [`read`] accepts (bytes).
+pub const MAX_PROFILE_BYTES: u64 = 4 << 30;
+
+/// Reads a gzip-compressed pprof profile (as [`write`] writes it).
+///
+/// Errors, naming the file: it cannot be read, is not gzip, decompresses to more than
+/// [`MAX_PROFILE_BYTES`], or is not a pprof profile (does not decode, or its string table does
+/// not start with `""`, or it has no sample types).
+pub fn read(path: &std::path::Path) -> anyhow::Result<pb::Profile> {
+    use anyhow::{bail, Context};
+    use prost::Message;
+    use std::io::Read;
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buf = Vec::new();
+    flate2::read::GzDecoder::new(std::io::BufReader::new(f))
+        .take(MAX_PROFILE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .with_context(|| format!("{}: not a readable gzip file", path.display()))?;
+    if buf.len() as u64 > MAX_PROFILE_BYTES {
+        bail!(
+            "{}: decompresses to more than {MAX_PROFILE_BYTES} bytes; refusing to read it",
+            path.display()
+        );
+    }
+    let p = pb::Profile::decode(buf.as_slice())
+        .with_context(|| format!("{}: not a pprof profile", path.display()))?;
+    if !matches!(p.string_table.first(), Some(s) if s.is_empty()) || p.sample_type.is_empty() {
+        bail!(
+            "{}: not a pprof profile (no string table or no sample types)",
+            path.display()
+        );
+    }
+    Ok(p)
+}
+
+/// What to write a profile as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A gzip-compressed pprof profile.
+    Pprof,
+    /// An interactive SVG flame graph of one sample type.
+    Svg,
+}
+
+/// Writes profile `p` (with its per-block samples, if any) to `out` as `format` says.
+///
+/// `sample_index` names the sample type (`inuse_space`, …): the flame graph's widths, and the
+/// pprof profile's default sample type; `None` keeps the profile's default. `what` describes
+/// the profile in the flame graph's title (`pid 1234 (server)`).
+///
+/// Errors: the profile has no such sample type; a flame graph of per-block samples (they are
+/// only streamed into pprof); nothing to draw; or writing fails.
+pub fn write_as(
+    p: &mut pb::Profile,
+    blocks: Option<&BlockSamples<'_>>,
+    out: &std::path::Path,
+    format: Format,
+    sample_index: Option<&str>,
+    what: &str,
+) -> anyhow::Result<()> {
+    let index = crate::flame::sample_index(p, sample_index)?;
+    let type_name = p
+        .string_table
+        .get(p.sample_type[index].r#type as usize)
+        .cloned()
+        .unwrap_or_default();
+    match format {
+        Format::Pprof => {
+            if sample_index.is_some() {
+                p.default_sample_type = p.sample_type[index].r#type;
+            }
+            write(p, blocks, out)
+        }
+        Format::Svg => {
+            if blocks.is_some() {
+                anyhow::bail!(
+                    "--with-tags writes one sample per block into a pprof profile: a flame \
+                     graph does not need it (leave it out, or write FILE.pb.gz)"
+                );
+            }
+            let folded = crate::flame::from_profile(p, index);
+            let title = format!("Heap profile: {type_name} of {what}");
+            crate::flame::write_svg(&folded, &title, &crate::flame::count_name(p, index), out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_keeps_processes_apart_and_labels_them() {
+        let stacks = |f: &str| HashMap::from([(7u32, vec![f.to_owned(), "main".to_owned()])]);
+        let a = from_names(&stacks("alloc_a"), [(7, 2, 200)].into_iter(), &["a".into()]);
+        let b = from_names(&stacks("alloc_b"), [(7, 3, 30)].into_iter(), &["b".into()]);
+        let m = merge(
+            &[
+                Part {
+                    profile: a.clone(),
+                    process_name: "prog".into(),
+                    pid: 10,
+                },
+                Part {
+                    profile: b,
+                    process_name: "other".into(),
+                    pid: 11,
+                },
+            ],
+            &["both".into()],
+        );
+        let s = |i: i64| m.string_table[i as usize].as_str();
+        assert_eq!(m.string_table[0], "");
+        assert_eq!(m.sample_type.len(), 4);
+        assert_eq!(s(m.default_sample_type), "inuse_space");
+        // Ids are unique, and each sample's stack names its own process's functions.
+        let mut ids: Vec<u64> = m.location.iter().map(|l| l.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), a.location.len() * 2);
+        let fname = |loc: u64| {
+            let l = m.location.iter().find(|l| l.id == loc).unwrap();
+            let f = m
+                .function
+                .iter()
+                .find(|f| f.id == l.line[0].function_id)
+                .unwrap();
+            s(f.name).to_owned()
+        };
+        let got: Vec<(String, String, String, i64)> = m
+            .sample
+            .iter()
+            .map(|x| {
+                let label = |k: &str| {
+                    x.label
+                        .iter()
+                        .find(|l| s(l.key) == k)
+                        .map(|l| s(l.str).to_owned())
+                        .unwrap()
+                };
+                (
+                    fname(x.location_id[0]),
+                    label("process_name"),
+                    label("pid"),
+                    x.value[3],
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("alloc_a".into(), "prog".into(), "10".into(), 200),
+                ("alloc_b".into(), "other".into(), "11".into(), 30)
+            ]
+        );
+        let comments: Vec<&str> = m.comment.iter().map(|&c| s(c)).collect();
+        assert_eq!(comments, ["both", "pid 10: a", "pid 11: b"]);
+    }
+}

@@ -492,6 +492,57 @@ pub fn command_name(info: &RegionInfo) -> String {
         .unwrap_or_else(|| arg0.to_owned())
 }
 
+/// Whether the process that wrote `info` is called `name`: the file name of its argv[0] (as
+/// [`command_name`]) or of its executable.
+pub fn matches_name(info: &RegionInfo, name: &str) -> bool {
+    command_name(info) == name
+        || Path::new(&info.exe_path)
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy() == name)
+}
+
+/// The pids of process `root` and of all its descendants, from the parent pid (field 4) of
+/// every `/proc/PID/stat`, sorted. A process that exits while `/proc` is read is left out; an
+/// orphan re-parented (to init or a subreaper) is no longer a descendant.
+///
+/// Errors: `root` is not a running process.
+pub fn process_tree(root: u32) -> Result<Vec<u32>> {
+    if proc_start_ticks(root).is_none() {
+        bail!("no such process: {root}");
+    }
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for e in std::fs::read_dir("/proc")
+        .context("cannot read /proc")?
+        .flatten()
+    {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue; // gone meanwhile
+        };
+        // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(c) = children.get(&out[i]) {
+            out.extend(c.iter().copied().filter(|&c| c != root));
+        }
+        i += 1;
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,5 +554,37 @@ mod tests {
         assert_eq!(parse_name("12-34-56-7.heapdump"), None);
         assert_eq!(parse_name("12-34-56.txt"), None);
         assert_eq!(parse_name("a-34-56.heapdump"), None);
+    }
+
+    #[test]
+    fn process_tree_holds_children_and_grandchildren() {
+        use std::process::{Command, Stdio};
+        // sh (a child) -> sleep (a grandchild); sh waits, so both stay put until killed.
+        let mut sh = Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let sleep: u32 = line.trim().parse().unwrap();
+        let me = std::process::id();
+        let tree = process_tree(me).unwrap();
+        let sub = process_tree(sh.id()).unwrap();
+        // SAFETY: ending the processes this test started.
+        unsafe { libc::kill(sleep as i32, libc::SIGKILL) };
+        let _ = sh.kill();
+        let _ = sh.wait();
+        assert!(tree.contains(&me) && tree.contains(&sh.id()) && tree.contains(&sleep));
+        assert_eq!(sub, {
+            let mut v = vec![sh.id(), sleep];
+            v.sort_unstable();
+            v
+        });
+        assert!(process_tree(u32::MAX).is_err());
     }
 }
