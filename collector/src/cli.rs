@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(name = "heapdump", version, propagate_version = true)]
 #[command(
-    after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID)."
+    after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg          # flame graph, no Go needed\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID)."
 )]
 pub struct Cli {
     #[command(subcommand)]
