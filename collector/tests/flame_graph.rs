@@ -174,6 +174,27 @@ fn snapshot_and_convert_write_flame_graphs() {
         }
     }
 
+    // With pprof output, --sample-index sets the default sample type.
+    let pb = dir.with_extension("alloc.pb.gz");
+    let t = run(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "--sample-index",
+            "alloc_space",
+            "-o",
+            pb.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let p = decode(&pb);
+    assert_eq!(
+        p.string_table[p.default_sample_type as usize],
+        "alloc_space"
+    );
+
     // --format svg to standard output.
     let t = run(
         &dir,

@@ -382,3 +382,56 @@ fn multi_process_skips_a_process_whose_snapshot_fails() {
     );
     assert_eq!(r.finish(), 0);
 }
+
+/// A process that is gone by its turn (killed while the collector snapshots another one) is
+/// reported in one line and left out; the others are in the profile.
+#[test]
+fn multi_process_skips_a_process_that_vanishes() {
+    let dir = region_dir("multi-vanish");
+    let (r, programs) = start_tree(&dir);
+    let pids: Vec<u32> = programs.keys().copied().collect();
+    let (first, last) = (pids[0], pids[2]);
+    let out = dir.with_extension("vanish.pb.gz");
+    // Each process's snapshot pauses 1 s (at its first block, holding its lock): the last
+    // process is killed while the first one's snapshot is paused.
+    let collector = Command::new(heapdump())
+        .args([
+            "snapshot",
+            "--multi-process",
+            "--by-name",
+            "hold_sized",
+            "-o",
+        ])
+        .arg(&out)
+        .env("HEAPDUMP_DIR", &dir)
+        .env("HEAPDUMP_TEST_PAUSE_MS", "1000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_lock(collector.id());
+    // SAFETY: killing a program this test started (through `heapdump run` and sh).
+    unsafe { libc::kill(last as i32, libc::SIGKILL) };
+    let done = collector.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    let skipped: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(": skipped: "))
+        .collect();
+    assert_eq!(
+        skipped,
+        [format!(
+            "heapdump: pid {last} (hold_sized): skipped: exited before its snapshot"
+        )],
+        "{stderr}"
+    );
+    let procs = per_process(&decode(&out));
+    assert_eq!(procs.keys().copied().collect::<Vec<_>>(), [first, pids[1]]);
+    for pid in [first, pids[1]] {
+        let (n, size) = programs[&pid];
+        let (blocks, bytes) = held(n, size);
+        assert_eq!(procs[&pid].2, [blocks, bytes, blocks, bytes], "pid {pid}");
+    }
+    assert_eq!(r.finish(), 0);
+}
