@@ -1118,8 +1118,17 @@ fn write_graph_since(
 
 /// `heapdump convert INPUT -o OUT`: a capture, or a gzip pprof profile (told by content).
 fn convert(a: cli::ConvertArgs) -> Result<()> {
-    if !graph::capture::is_capture(&a.capture) && pprof::is_gzip(&a.capture) {
-        return convert_profile(&a);
+    if !graph::capture::is_capture(&a.capture) {
+        if pprof::is_gzip(&a.capture) {
+            return convert_profile(&a);
+        }
+        std::fs::File::open(&a.capture)
+            .with_context(|| format!("cannot open {}", a.capture.display()))?;
+        bail!(
+            "{}: neither a graph capture (written by `heapdump graph --by-pid PID -o \
+             FILE.hdsnap`) nor a gzip-compressed pprof profile (written by `heapdump snapshot`)",
+            a.capture.display()
+        );
     }
     if a.sample_index.is_some() {
         bail!("--sample-index applies to a pprof profile; a capture's flame graph shows bytes");

@@ -606,8 +606,8 @@ pub struct Part {
 
 /// Merges the profiles of several processes into one: every sample keeps its stack, values
 /// and labels and gains the string labels `process_name` and `pid` (strings, so that
-/// `go tool pprof -tagroot process_name,pid` names them as they are, and `-tagfocus pid=1234`
-/// matches one process). Each process keeps mappings, locations and functions of its own
+/// `go tool pprof -tagroot process_name,pid` prints them exactly as written — a numeric label
+/// goes through pprof's unit scaling — and `-tagfocus pid=1234` matches one process). Each process keeps mappings, locations and functions of its own
 /// (their ids are renumbered, never shared between processes: the same address means
 /// different code in two processes). Sample types, default sample type and `drop_frames` are
 /// the first part's (all parts come from [`build`], which gives them all the same);

@@ -240,6 +240,26 @@ fn snapshot_and_convert_write_flame_graphs() {
     );
     assert_eq!(t.code, Some(1), "{t:?}");
     assert!(t.stderr.contains("needs a capture"), "{}", t.stderr);
+    // Neither a capture nor a profile: said so.
+    let text = dir.with_extension("text.pb.gz");
+    std::fs::write(&text, "not a profile\n").unwrap();
+    let out = dir.with_extension("text.svg");
+    let t = run(
+        &dir,
+        &[
+            "convert",
+            text.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(t.code, Some(1), "{t:?}");
+    assert!(
+        t.stderr.contains("neither a graph capture")
+            && t.stderr.contains("nor a gzip-compressed pprof profile"),
+        "{}",
+        t.stderr
+    );
 
     // Not symbolized: frames are module+offset, the allocation functions' among them.
     let raw = dir.with_extension("nosym.svg");
