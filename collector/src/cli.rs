@@ -221,7 +221,7 @@ pub struct SnapshotArgs {
     #[arg(long, value_enum, value_name = "TYPE")]
     pub sample_index: Option<SampleIndex>,
     /// One sample per live block, labelled address, bytes, timestamp (ns since the epoch, tick
-    /// resolution) and thread (pprof output of one process only).
+    /// resolution) and thread (pprof output only).
     #[arg(long)]
     pub with_tags: bool,
     /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).
@@ -346,7 +346,7 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
     type Error = anyhow::Error;
 
     /// Errors: options that do not go together (several --by-name without --multi-process,
-    /// --with-tags with --multi-process or a flame graph).
+    /// --with-tags with a flame graph).
     fn try_from(a: SnapshotArgs) -> anyhow::Result<Self> {
         let format = output_format(a.format, &a.output);
         let target = if a.multi_process {
@@ -366,9 +366,6 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
                 _ => unreachable!("clap requires one target"),
             }
         };
-        if a.with_tags && matches!(target, Target::Many(_)) {
-            anyhow::bail!("--with-tags takes one process: leave out --multi-process");
-        }
         if a.with_tags && format == crate::pprof::Format::Svg {
             anyhow::bail!(
                 "--with-tags writes one sample per block into a pprof profile, which a flame \

@@ -346,7 +346,7 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     ));
     pprof::write_as(
         &mut profile,
-        blocks.as_ref(),
+        blocks.as_ref().as_slice(),
         &p.output,
         p.format,
         p.sample_index,
@@ -1169,7 +1169,7 @@ fn convert_profile(a: &cli::ConvertArgs) -> Result<()> {
         .unwrap_or_default();
     pprof::write_as(
         &mut p,
-        None,
+        &[],
         &a.output,
         format,
         a.sample_index.map(cli::SampleIndex::as_str),

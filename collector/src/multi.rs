@@ -10,7 +10,6 @@ use crate::cli::{Selection, SnapshotProps};
 use crate::regions::{self, Liveness};
 use crate::{pprof, Entry};
 use anyhow::{bail, Result};
-use heapdump_proto as pb;
 
 /// Snapshots every running instrumented process that `sel` selects (this user's region
 /// directory; never this collector itself) into one profile written as `p` says.
@@ -55,7 +54,8 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
             regions::region_dir().display()
         );
     }
-    let mut parts = Vec::new();
+    // Every snapshot first (the per-block samples borrow from them), then the profiles.
+    let mut taken = Vec::new();
     let mut skipped = Vec::new();
     let (mut blocks, mut bytes) = (0u64, 0u64);
     for e in &chosen {
@@ -65,21 +65,17 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
             .map(regions::command_name)
             .unwrap_or_default();
         match one(e, p) {
-            Ok((profile, meta)) => {
-                for w in &meta.warnings {
+            Ok(c) => {
+                for w in &c.meta.warnings {
                     eprintln!("heapdump: pid {} ({name}): warning: {w}", e.file.pid);
                 }
                 eprintln!(
                     "heapdump: pid {} ({name}): {} live blocks, {} bytes",
-                    e.file.pid, meta.blocks, meta.bytes
+                    e.file.pid, c.meta.blocks, c.meta.bytes
                 );
-                blocks += meta.blocks;
-                bytes += meta.bytes;
-                parts.push(pprof::Part {
-                    profile,
-                    process_name: name,
-                    pid: e.file.pid,
-                });
+                blocks += c.meta.blocks;
+                bytes += c.meta.bytes;
+                taken.push((e.file.pid, name, c));
             }
             Err(err) => {
                 // One line per process, whatever the error's text holds.
@@ -89,12 +85,30 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
             }
         }
     }
-    if parts.is_empty() {
+    if taken.is_empty() {
         bail!(
             "none of the {} selected processes could be snapshotted",
             chosen.len()
         );
     }
+    let mut parts: Vec<pprof::Part<'_>> = taken
+        .iter()
+        .map(|(pid, name, c)| {
+            let (profile, blocks) = pprof::build(
+                c,
+                pprof::Options {
+                    with_tags: p.with_tags,
+                    symbolize: p.symbolize,
+                },
+            );
+            pprof::Part {
+                profile,
+                blocks,
+                process_name: name.clone(),
+                pid: *pid,
+            }
+        })
+        .collect();
     let list: Vec<String> = parts
         .iter()
         .map(|x| format!("pid {} ({})", x.pid, x.process_name))
@@ -105,10 +119,12 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
         list.join(", ")
     )];
     comments.extend(skipped.iter().map(|s| format!("skipped {s}")));
-    let mut merged = pprof::merge(&parts, &comments);
+    let mut merged = pprof::merge(&mut parts, &comments);
+    let per_block: Vec<&pprof::BlockSamples<'_>> =
+        parts.iter().filter_map(|x| x.blocks.as_ref()).collect();
     pprof::write_as(
         &mut merged,
-        None,
+        &per_block,
         &p.output,
         p.format,
         p.sample_index,
@@ -127,11 +143,10 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
     Ok(())
 }
 
-/// The profile of one process (as `heapdump snapshot --by-pid` builds it) and how its
-/// snapshot went.
+/// The snapshot of one process (as `heapdump snapshot --by-pid` takes it).
 ///
 /// Errors: the process is no longer running this image, or its snapshot fails.
-fn one(e: &Entry, p: &SnapshotProps) -> Result<(pb::Profile, vmo_layout::SnapshotMeta)> {
+fn one(e: &Entry, p: &SnapshotProps) -> Result<crate::snapshot::Collected> {
     let opened = regions::open(&e.file.path)?;
     let info = opened.region()?.info();
     let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
@@ -139,13 +154,5 @@ fn one(e: &Entry, p: &SnapshotProps) -> Result<(pb::Profile, vmo_layout::Snapsho
     if liveness != Liveness::Alive {
         bail!("exited before its snapshot");
     }
-    let c = crate::snapshot::collect(&opened, liveness, false, p.lock_timeout)?;
-    let (profile, _) = pprof::build(
-        &c,
-        pprof::Options {
-            with_tags: false,
-            symbolize: p.symbolize,
-        },
-    );
-    Ok((profile, c.meta))
+    crate::snapshot::collect(&opened, liveness, p.with_tags, p.lock_timeout)
 }

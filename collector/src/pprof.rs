@@ -331,6 +331,7 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             unit_ns: s.id("nanoseconds"),
             interval: c.info.sample_interval,
             wall_offset: c.info.created_realtime_ns as i64 - c.info.created_monotonic_ns as i64,
+            extra: Vec::new(),
         }
     });
 
@@ -390,9 +391,32 @@ pub struct BlockSamples<'a> {
     interval: u64,
     /// Realtime minus monotonic clock at region creation (ns).
     wall_offset: i64,
+    /// Labels every sample also carries (`process_name`, `pid` in a merged profile).
+    extra: Vec<pb::Label>,
 }
 
 impl BlockSamples<'_> {
+    /// Follows [`merge`]'s renumbering of the profile these samples belong to: location ids
+    /// shifted by `location_base`, string ids mapped by `string`, and `extra` labels added to
+    /// every sample.
+    fn renumber(&mut self, location_base: u64, string: impl Fn(i64) -> i64, extra: [pb::Label; 2]) {
+        for locs in self.locations.values_mut() {
+            for l in locs.iter_mut() {
+                *l += location_base;
+            }
+        }
+        for t in self.thread_labels.values_mut() {
+            t.key = string(t.key);
+            t.str = string(t.str);
+        }
+        self.key_address = string(self.key_address);
+        self.bytes.key = string(self.bytes.key);
+        self.bytes.num_unit = string(self.bytes.num_unit);
+        self.key_timestamp = string(self.key_timestamp);
+        self.unit_ns = string(self.unit_ns);
+        self.extra.extend(extra);
+    }
+
     /// Appends every per-block sample to `out` as repeated field 2 of `Profile` (protobuf
     /// merges a repeated field encoded in several pieces), calling `flush` every few MiB.
     fn encode(
@@ -434,6 +458,7 @@ impl BlockSamples<'_> {
             if let Some(t) = self.thread_labels.get(&b.thread) {
                 sample.label.push(*t);
             }
+            sample.label.extend_from_slice(&self.extra);
             prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
             prost::encoding::encode_varint(sample.encoded_len() as u64, out);
             sample.encode_raw(out);
@@ -464,17 +489,28 @@ pub fn write(
     blocks: Option<&BlockSamples<'_>>,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
+    write_parts(p, blocks.as_slice(), path)
+}
+
+/// [`write`] with the per-block samples of several processes (those of a merged profile,
+/// renumbered by [`merge`]).
+pub fn write_parts(
+    p: &pb::Profile,
+    blocks: &[&BlockSamples<'_>],
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
     use std::io::Write;
     // Large per-block profiles favour speed over size.
-    let level = match blocks {
-        Some(b) if b.blocks.len() > 100_000 => flate2::Compression::fast(),
-        _ => flate2::Compression::default(),
+    let level = if blocks.iter().map(|b| b.blocks.len()).sum::<usize>() > 100_000 {
+        flate2::Compression::fast()
+    } else {
+        flate2::Compression::default()
     };
     let encode = |out: &mut dyn Write| -> std::io::Result<()> {
         use prost::Message;
         let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(out), level);
         gz.write_all(&p.encode_to_vec())?;
-        if let Some(b) = blocks {
+        for b in blocks {
             let mut buf = Vec::with_capacity(5 << 20);
             b.encode(&mut buf, |buf| {
                 gz.write_all(buf)?;
@@ -595,9 +631,11 @@ pub fn from_names(
 /// One process's profile (built by [`build`]) in a multi-process snapshot, with the labels
 /// that tell its samples apart there.
 #[derive(Debug)]
-pub struct Part {
+pub struct Part<'a> {
     /// The process's own profile.
     pub profile: pb::Profile,
+    /// Its per-block samples (`--with-tags`), renumbered by [`merge`] to follow the profile.
+    pub blocks: Option<BlockSamples<'a>>,
     /// Its command name: the string label `process_name` of its samples.
     pub process_name: String,
     /// Its pid: the string label `pid` of its samples.
@@ -612,8 +650,10 @@ pub struct Part {
 /// different code in two processes). Sample types, default sample type and `drop_frames` are
 /// the first part's (all parts come from [`build`], which gives them all the same);
 /// `time_nanos` is the earliest; `period` the largest (the values are already unbiased
-/// estimates). `comments` come first, then each part's comments prefixed `pid PID: `.
-pub fn merge(parts: &[Part], comments: &[String]) -> pb::Profile {
+/// estimates). `comments` come first, then each part's comments prefixed `pid PID: `. Each
+/// part's per-block samples, if any, are renumbered in place to match; write them with
+/// [`write_parts`].
+pub fn merge(parts: &mut [Part<'_>], comments: &[String]) -> pb::Profile {
     let mut s = Strings::new();
     let mut p = pb::Profile::default();
     let str_of = |q: &pb::Profile, i: i64| -> String {
@@ -641,7 +681,7 @@ pub fn merge(parts: &[Part], comments: &[String]) -> pb::Profile {
     }
     let key_name = s.id("process_name");
     let key_pid = s.id("pid");
-    for part in parts {
+    for part in parts.iter_mut() {
         let q = &part.profile;
         let ids: Vec<i64> = q.string_table.iter().map(|x| s.id(x)).collect();
         let st = |i: i64| ids.get(i as usize).copied().unwrap_or(0);
@@ -692,6 +732,9 @@ pub fn merge(parts: &[Part], comments: &[String]) -> pb::Profile {
             str: s.id(&part.pid.to_string()),
             ..Default::default()
         };
+        if let Some(b) = part.blocks.as_mut() {
+            b.renumber(location_base, st, [name, pid]);
+        }
         p.sample.extend(q.sample.iter().map(|x| {
             pb::Sample {
                 location_id: x.location_id.iter().map(|l| l + location_base).collect(),
@@ -789,7 +832,7 @@ pub enum Format {
 /// only streamed into pprof); nothing to draw; or writing fails.
 pub fn write_as(
     p: &mut pb::Profile,
-    blocks: Option<&BlockSamples<'_>>,
+    blocks: &[&BlockSamples<'_>],
     out: &std::path::Path,
     format: Format,
     sample_index: Option<&str>,
@@ -806,10 +849,10 @@ pub fn write_as(
             if sample_index.is_some() {
                 p.default_sample_type = p.sample_type[index].r#type;
             }
-            write(p, blocks, out)
+            write_parts(p, blocks, out)
         }
         Format::Svg => {
-            if blocks.is_some() {
+            if !blocks.is_empty() {
                 anyhow::bail!(
                     "--with-tags writes one sample per block into a pprof profile: a flame \
                      graph does not need it (leave it out, or write FILE.pb.gz)"
@@ -832,14 +875,16 @@ mod tests {
         let a = from_names(&stacks("alloc_a"), [(7, 2, 200)].into_iter(), &["a".into()]);
         let b = from_names(&stacks("alloc_b"), [(7, 3, 30)].into_iter(), &["b".into()]);
         let m = merge(
-            &[
+            &mut [
                 Part {
                     profile: a.clone(),
+                    blocks: None,
                     process_name: "prog".into(),
                     pid: 10,
                 },
                 Part {
                     profile: b,
+                    blocks: None,
                     process_name: "other".into(),
                     pid: 11,
                 },

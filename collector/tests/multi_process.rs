@@ -88,6 +88,37 @@ fn per_process(p: &heapdump_proto::Profile) -> BTreeMap<u32, (String, [i64; 4], 
     out
 }
 
+/// Each process keeps locations and mappings of its own: no location or mapping is used by
+/// samples of two processes, and there are `n` executable mappings of `hold_sized`.
+fn processes_kept_apart(p: &heapdump_proto::Profile, n: usize) {
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let mut owner: HashMap<u64, &str> = HashMap::new();
+    for x in &p.sample {
+        let pid = s(x.label.iter().find(|l| s(l.key) == "pid").unwrap().str);
+        for l in &x.location_id {
+            if let Some(o) = owner.insert(*l, pid) {
+                assert_eq!(o, pid, "location {l} in two processes");
+            }
+        }
+    }
+    let mapping_of: HashMap<u64, u64> = p.location.iter().map(|l| (l.id, l.mapping_id)).collect();
+    let mut mapping_owner: HashMap<u64, &str> = HashMap::new();
+    for (l, pid) in &owner {
+        let m = mapping_of[l];
+        if m != 0 {
+            if let Some(o) = mapping_owner.insert(m, pid) {
+                assert_eq!(o, *pid, "mapping {m} in two processes");
+            }
+        }
+    }
+    let exe_mappings = p
+        .mapping
+        .iter()
+        .filter(|m| s(m.filename).ends_with("/hold_sized"))
+        .count();
+    assert_eq!(exe_mappings, n, "one executable mapping per process");
+}
+
 /// The parent pid of `pid` (/proc/PID/stat field 4).
 fn ppid(pid: u32) -> u32 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -124,36 +155,45 @@ fn multi_process_snapshot_of_a_process_tree() {
         // [alloc_objects, alloc_space, inuse_objects, inuse_space]: nothing was freed.
         assert_eq!(*through, [blocks, bytes, blocks, bytes], "pid {pid}");
     }
-    // Each process keeps locations and mappings of its own: no location or mapping is shared
-    // by samples of two processes.
-    let s = |i: i64| p.string_table[i as usize].as_str();
-    let mut owner: HashMap<u64, String> = HashMap::new();
-    for x in &p.sample {
-        let pid = x.label.iter().find(|l| s(l.key) == "pid").unwrap().str;
-        for l in &x.location_id {
-            let prev = owner.insert(*l, s(pid).to_owned());
-            if let Some(o) = prev {
-                assert_eq!(o, s(pid), "location {l} in two processes");
-            }
-        }
+    processes_kept_apart(&p, 3);
+
+    // --with-tags: one sample per block, each labelled with its process too.
+    let tagged = dir.with_extension("tags.pb.gz");
+    let t = multi(&dir, &tagged, &["--by-name", "hold_sized", "--with-tags"]);
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let tp = decode(&tagged);
+    let tprocs = per_process(&tp);
+    processes_kept_apart(&tp, 3);
+    let ts = |i: i64| tp.string_table[i as usize].as_str();
+    for (pid, (n, size)) in &programs {
+        let (blocks, bytes) = held(*n, *size);
+        assert_eq!(
+            tprocs[pid].2,
+            [blocks, bytes, blocks, bytes],
+            "tags: pid {pid}"
+        );
+        // Per-block samples of this process: one per live block, distinct addresses.
+        let mut addresses: Vec<i64> = tp
+            .sample
+            .iter()
+            .filter(|x| x.value[2] == 1)
+            .filter(|x| {
+                x.label
+                    .iter()
+                    .any(|l| ts(l.key) == "pid" && ts(l.str) == pid.to_string())
+            })
+            .map(|x| x.label.iter().find(|l| ts(l.key) == "address").unwrap().num)
+            .collect();
+        let live = procs[pid].1[2];
+        assert_eq!(addresses.len() as i64, live, "tags: pid {pid}");
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(
+            addresses.len() as i64,
+            live,
+            "tags: pid {pid}: an address twice"
+        );
     }
-    let mapping_of: HashMap<u64, u64> = p.location.iter().map(|l| (l.id, l.mapping_id)).collect();
-    let mut mapping_owner: HashMap<u64, &String> = HashMap::new();
-    for (l, pid) in &owner {
-        let m = mapping_of[l];
-        if m != 0 {
-            let prev = mapping_owner.insert(m, pid);
-            if let Some(o) = prev {
-                assert_eq!(o, pid, "mapping {m} in two processes");
-            }
-        }
-    }
-    let exe_mappings = p
-        .mapping
-        .iter()
-        .filter(|m| s(m.filename).ends_with("/hold_sized"))
-        .count();
-    assert_eq!(exe_mappings, 3, "one executable mapping per process");
 
     // The same as a single snapshot of each process (they are idle).
     for (pid, (_, total, _)) in &procs {
