@@ -233,8 +233,38 @@ pub fn dominators(g: &Graph) -> Dominators {
     // outgoing pointers of case-2 blocks are ignored. A case-1 block (a block whose DFS parent
     // is the super-root) has the super-root as its one predecessor.
     // Sources are scanned in node order (the pointer array sequentially), not DFS order.
-    let for_each_edge = |e: &mut dyn FnMut(usize, u32)| {
-        for v in 0..total as u32 {
+    // `e(dfnum of the target, dfnum of the source)` for every edge between visited nodes,
+    // blocks' pointers read in order with the targets' `dfnum` prefetched ahead (each is a
+    // cache miss at a random place).
+    fn for_each_edge(
+        f: &Flow,
+        dfnum: &[u32],
+        vertex: &[u32],
+        parent: &[u32],
+        mut e: impl FnMut(usize, u32),
+    ) {
+        const AHEAD: usize = 16;
+        let g = f.g;
+        for v in 0..f.n {
+            let nv = dfnum[v as usize];
+            let (a, b) = (
+                g.edge_start[v as usize] as usize,
+                g.edge_start[v as usize + 1] as usize,
+            );
+            if nv == 0 {
+                continue;
+            }
+            for j in a..b {
+                if let Some(&ahead) = g.targets.get(j + AHEAD) {
+                    prefetch(dfnum, ahead);
+                }
+                let w = g.targets[j];
+                if w != v {
+                    e(dfnum[w as usize] as usize, nv);
+                }
+            }
+        }
+        for v in f.n..=f.n + f.m {
             let nv = dfnum[v as usize];
             if nv == 0 {
                 continue;
@@ -246,14 +276,14 @@ pub fn dominators(g: &Graph) -> Dominators {
                 }
             }
         }
-        for num in 1..=k {
+        for num in 1..vertex.len() {
             if vertex[num] < f.n && parent[num] == 1 {
                 e(num, 1);
             }
         }
-    };
+    }
     let mut pstart = vec![0u32; k + 2];
-    for_each_edge(&mut |w, _| {
+    for_each_edge(&f, &dfnum, &vertex, &parent, |w, _| {
         pstart[w + 1] = pstart[w + 1]
             .checked_add(1)
             .expect("graph too large: more than 2^32 edges");
@@ -264,7 +294,7 @@ pub fn dominators(g: &Graph) -> Dominators {
             .expect("graph too large: more than 2^32 edges");
     }
     let mut preds = vec![0u32; pstart[k + 1] as usize];
-    for_each_edge(&mut |w, p| {
+    for_each_edge(&f, &dfnum, &vertex, &parent, |w, p| {
         preds[pstart[w] as usize] = p;
         pstart[w] += 1;
     });
@@ -275,52 +305,43 @@ pub fn dominators(g: &Graph) -> Dominators {
     pstart[0] = 0;
     drop(dfnum);
 
-    // Lengauer–Tarjan, in DFS-number space.
+    // Semi-NCA (Georgiadis, Werneck and Tarjan, "Finding dominators in practice"), in
+    // DFS-number space: semidominators as in Lengauer–Tarjan, with the forest's labels holding
+    // semidominator *values* (so `eval` needs no `semi[label[x]]` indirection and a node's
+    // ancestor and label share one cache line), then each immediate dominator as the nearest
+    // common ancestor of the DFS parent and the semidominator (no buckets). On 10 M blocks of a
+    // random graph every access is a cache miss: one per path step instead of three.
+    let mut forest: Vec<[u32; 2]> = (0..=k as u32).map(|i| [0, i]).collect(); // [ancestor, label]
     let mut semi: Vec<u32> = (0..=k as u32).collect();
-    let mut label: Vec<u32> = (0..=k as u32).collect();
-    let mut ancestor = vec![0u32; k + 1];
-    let mut dom = vec![0u32; k + 1];
-    let mut bucket_head = vec![0u32; k + 1];
-    let mut bucket_next = vec![0u32; k + 1];
     let mut stack: Vec<u32> = Vec::new();
     for w in (2..=k).rev() {
-        for &v in &preds[pstart[w] as usize..pstart[w + 1] as usize] {
-            let u = eval(v, &mut ancestor, &mut label, &semi, &mut stack);
-            if semi[u as usize] < semi[w] {
-                semi[w] = semi[u as usize];
+        let mut sw = semi[w];
+        let (a, b) = (pstart[w] as usize, pstart[w + 1] as usize);
+        for j in a..b {
+            // The predecessors of the next nodes are read in order: their forest entries
+            // (random places) are asked for ahead.
+            if let Some(&ahead) = preds.get(j.wrapping_sub(16)) {
+                prefetch2(&forest, ahead);
+            }
+            let v = preds[j];
+            let u = eval(v, &mut forest, &mut stack);
+            if u < sw {
+                sw = u;
             }
         }
-        let sw = semi[w] as usize;
-        bucket_next[w] = bucket_head[sw];
-        bucket_head[sw] = w as u32;
-        let p = parent[w];
-        ancestor[w] = p; // link(parent[w], w)
-        let mut v = std::mem::take(&mut bucket_head[p as usize]);
-        while v != 0 {
-            let u = eval(v, &mut ancestor, &mut label, &semi, &mut stack);
-            dom[v as usize] = if semi[u as usize] < semi[v as usize] {
-                u
-            } else {
-                p
-            };
-            v = bucket_next[v as usize];
-        }
+        semi[w] = sw;
+        forest[w] = [parent[w], sw]; // link(parent[w], w)
     }
+    drop((forest, preds, pstart));
+    let mut dom = parent;
     for w in 2..=k {
-        if dom[w] != semi[w] {
-            dom[w] = dom[dom[w] as usize];
+        let mut d = dom[w];
+        while d > semi[w] {
+            d = dom[d as usize];
         }
+        dom[w] = d;
     }
-    drop((
-        semi,
-        label,
-        ancestor,
-        bucket_head,
-        bucket_next,
-        preds,
-        pstart,
-        parent,
-    ));
+    drop(semi);
 
     // Results. Unvisited (case-2) blocks keep the super-root and their own size.
     let mut idom = vec![s; n];
@@ -345,34 +366,61 @@ pub fn dominators(g: &Graph) -> Dominators {
     }
 }
 
-/// Lengauer–Tarjan's `eval`: the vertex of minimum `semi` on the forest path from `v` up to
-/// (excluding) its forest root, or `v` if `v` is a forest root.
-fn eval(
-    v: u32,
-    ancestor: &mut [u32],
-    label: &mut [u32],
-    semi: &[u32],
-    stack: &mut Vec<u32>,
-) -> u32 {
-    if ancestor[v as usize] == 0 {
-        return v;
+/// Asks the CPU to bring `a[i]` into the cache (a hint: no effect on results; out of range is
+/// ignored).
+#[inline(always)]
+fn prefetch<T>(a: &[T], i: u32) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = a.get(i as usize) {
+        // SAFETY: `p` is a valid reference; a prefetch reads nothing architecturally and cannot
+        // fault.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                p as *const T as *const i8,
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (a, i);
+}
+
+/// [`prefetch`] of a forest entry.
+#[inline(always)]
+fn prefetch2(a: &[[u32; 2]], i: u32) {
+    prefetch(a, i)
+}
+
+/// `eval` of Semi-NCA over `forest` (`[ancestor, label]` per DFS number, ancestor 0 for a
+/// forest root): the minimum label (a semidominator number) on the forest path from `v` up to,
+/// excluding, its forest root; `v`'s own label if `v` is a forest root.
+fn eval(v: u32, forest: &mut [[u32; 2]], stack: &mut Vec<u32>) -> u32 {
+    let [anc, _] = forest[v as usize];
+    if anc == 0 || forest[anc as usize][0] == 0 {
+        return forest[v as usize][1];
     }
     // compress(v), iteratively: collect the path whose ancestors are not forest roots, then
     // update it top-down (the order of the recursive version's returns).
     stack.clear();
     let mut x = v;
-    while ancestor[ancestor[x as usize] as usize] != 0 {
+    loop {
+        let a = forest[x as usize][0];
+        if forest[a as usize][0] == 0 {
+            break;
+        }
         stack.push(x);
-        x = ancestor[x as usize];
+        x = a;
     }
     while let Some(x) = stack.pop() {
-        let a = ancestor[x as usize] as usize;
-        if semi[label[a] as usize] < semi[label[x as usize] as usize] {
-            label[x as usize] = label[a];
+        let a = forest[x as usize][0] as usize;
+        let [aa, la] = forest[a];
+        let e = &mut forest[x as usize];
+        if la < e[1] {
+            e[1] = la;
         }
-        ancestor[x as usize] = ancestor[a];
+        e[0] = aa;
     }
-    label[v as usize]
+    forest[v as usize][1]
 }
 
 #[cfg(test)]
