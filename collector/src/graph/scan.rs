@@ -917,4 +917,96 @@ mod tests {
         assert_eq!(l.find(0xfff), None);
         assert_eq!(l.find(u64::MAX), None);
     }
+
+    #[test]
+    fn lookup_segments_big_blocks_and_gaps() {
+        let b = |address, size| Block {
+            address,
+            size,
+            stack: 0,
+            thread: 0,
+        };
+        // Small blocks across granules, a gap wider than SEGMENT_GAP, a big block (own
+        // segment), then small blocks right after it.
+        let big = 0x10_0000_0000u64;
+        let blocks = [
+            b(0x1000, 300),
+            b(0x1130, 8),
+            b(0x1400, 0),
+            b(0x1_0000_0000, 24),
+            b(big, 3 << 20),
+            b(big + (3 << 20), 16),
+        ];
+        let l = Lookup::new(&blocks);
+        assert_eq!(l.segments.len(), 4);
+        assert_eq!(l.find(0x1000 + 299), Some(0));
+        assert_eq!(l.find(0x1000 + 300), None);
+        assert_eq!(l.find(0x1137), Some(1));
+        assert_eq!(l.find(0x1138), None);
+        assert_eq!(l.find(0x1400), Some(2));
+        assert_eq!(l.find(0x1401), None);
+        assert_eq!(l.find(0x8000_0000), None); // in the gap
+        assert_eq!(l.find(0x1_0000_0017), Some(3));
+        assert_eq!(l.find(big - 1), None);
+        assert_eq!(l.find(big + 12345), Some(4));
+        assert_eq!(l.find(big + (3 << 20) - 1), Some(4));
+        assert_eq!(l.find(big + (3 << 20)), Some(5));
+        assert_eq!(l.find(big + (3 << 20) + 16), None);
+        // Every byte of the small blocks' span agrees with a linear search.
+        for v in 0xff0..0x1500u64 {
+            let want = blocks
+                .iter()
+                .position(|x| v >= x.address && v < x.address + x.size.max(1))
+                .map(|i| i as u32);
+            assert_eq!(l.find(v), want, "{v:#x}");
+        }
+        // The big block is cut into 1 MiB pieces, the rest into runs of blocks.
+        let units = work_units(&blocks);
+        assert_eq!(
+            units,
+            vec![
+                Unit::Blocks(0, 4),
+                Unit::Piece {
+                    block: 4,
+                    from: 0,
+                    to: 1 << 20
+                },
+                Unit::Piece {
+                    block: 4,
+                    from: 1 << 20,
+                    to: 2 << 20
+                },
+                Unit::Piece {
+                    block: 4,
+                    from: 2 << 20,
+                    to: 3 << 20
+                },
+                Unit::Blocks(5, 6),
+            ]
+        );
+    }
+
+    #[test]
+    fn overlapping_blocks_do_not_break_the_lookup() {
+        // Only a damaged region has these: the lookup must stay in bounds and terminate.
+        let b = |address, size| Block {
+            address,
+            size,
+            stack: 0,
+            thread: 0,
+        };
+        let blocks = [
+            b(0x1000, 0x800),
+            b(0x1100, 0x10),
+            b(0x1200, 1 << 20),
+            b(0x1300, 8),
+        ];
+        let l = Lookup::new(&blocks);
+        for v in (0..0x20_0000u64).step_by(7) {
+            if let Some(i) = l.find(v) {
+                let x = &blocks[i as usize];
+                assert!(v >= x.address && v < x.address + x.size.max(1));
+            }
+        }
+    }
 }
