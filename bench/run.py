@@ -20,9 +20,15 @@ What it does, in order:
 5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
    heapdump; `heapdump snapshot` time and peak RSS, with and without --with-tags; region bytes
    per block; the target's RSS with and without the shim.
-6. Latency: bench/latency.c holds 1 M blocks and times each free+malloc in 2 s phases, without
+6. Reference graph: bench/graph_hold.c holding 1 M (and with --big 10 M) blocks of 16–128 B, a
+   quarter of their words pointing at random blocks (the worst case for caches); wall time and
+   peak private memory (RssAnon, sampled every 10 ms: the region file the collector maps is the
+   target's memory, not its own) of `graph -o FILE.hdsnap`, `leaks`, `top --retained`, `leaks
+   FILE`, next to a plain `snapshot` of the same process; the target's pause with `--stop`.
+7. Latency: bench/latency.c holds 1 M blocks and times each free+malloc in 2 s phases, without
    and with back-to-back snapshots (p50, p99, p99.9, max); then the fixed footprint: peak RSS of
    bench/nop.c (allocates almost nothing) with and without the shim.
+   (Sections 6 and 7 are numbered in the order they run.)
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
 user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
@@ -281,7 +287,7 @@ def build(cc):
     """Compile the C workloads into target/bench/. Returns {name: path}."""
     os.makedirs(BUILD_DIR, exist_ok=True)
     out = {}
-    for name in ("workload", "hold", "latency", "nop"):
+    for name in ("workload", "hold", "latency", "nop", "graph_hold"):
         src = os.path.join(BENCH_SRC, name + ".c")
         exe = os.path.join(BUILD_DIR, name)
         cmd = [cc] + CFLAGS + ["-o", exe, src]
@@ -927,6 +933,100 @@ def section_snapshot(args, exes):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def run_sampled(argv, env, cwd, timeout):
+    """Runs argv; returns (ok, wall s, peak RssAnon MiB sampled every 10 ms, stderr)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    peak = 0
+    err = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    reader.start()
+    while p.poll() is None:
+        if time.perf_counter() - t0 > timeout:
+            p.kill()
+            break
+        try:
+            peak = max(peak, proc_status_kib(p.pid, "RssAnon") or 0)
+        except OSError:
+            pass
+        time.sleep(0.01)
+    p.wait()
+    wall = time.perf_counter() - t0
+    reader.join(5)
+    return p.returncode == 0, wall, peak / 1024, "".join(err)
+
+
+def graph_bench(exe, sizes, args):
+    """Table rows for the reference-graph benchmark, one per number of blocks."""
+    header = ["| blocks | heap MiB | edges | snapshot s (reference) | capture s | capture peak "
+              "MiB (B/block) | file MiB | leaks s | leaks peak MiB | top --retained s | top "
+              "peak MiB | leaks FILE s | --stop pause ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows, notes = [], []
+    for n in sizes:
+        label = f"{n / 1e6:g} M"
+        log(f"graph: {label} blocks")
+        tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+        try:
+            env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+            p, _ = hold_start(exe, n, env, args.timeout)
+            try:
+                cenv = env_without_preload(env)
+                pid = str(p.pid)
+                heap = (proc_status_kib(p.pid, "RssAnon") or 0) / 1024
+
+                def run(*a):
+                    ok, wall, peak, err = run_sampled([HEAPDUMP, *a], cenv, tmp, args.timeout)
+                    log(f"  {' '.join(a)}: ok={ok} {wall:.2f} s, {peak:.0f} MiB")
+                    if not ok:
+                        raise RuntimeError(f"{' '.join(a)} failed: {_tail(err)}")
+                    return wall, peak, err
+
+                cap = os.path.join(tmp, "g.hdsnap")
+                snap, _, _ = run("snapshot", "--by-pid", pid, "-o", os.path.join(tmp, "s.pb.gz"))
+                cw, cp, cerr = run("graph", "--by-pid", pid, "-o", cap)
+                m = re.search(r"(\d+) edges", cerr)
+                edges = int(m.group(1)) if m else 0
+                lw, lp, _ = run("leaks", "--by-pid", pid)
+                tw, tpk, _ = run("top", "--retained", "--by-pid", pid)
+                fw, _, _ = run("leaks", cap)
+                _, _, serr = run("leaks", "--stop", "--by-pid", pid)
+                m = re.search(r"stopped for ([0-9.]+) ms", serr)
+                pause = m.group(1) if m else "?"
+                rows.append(
+                    f"| {label} | {heap:.0f} | {edges / 1e6:.1f} M | {snap:.2f} | {cw:.2f} | "
+                    f"{cp:.0f} ({cp * 1048576 / n:.0f}) | {os.path.getsize(cap) / 1048576:.1f} | "
+                    f"{lw:.2f} | {lp:.0f} | {tw:.2f} | {tpk:.0f} | {fw:.2f} | {pause} |")
+                if n <= 2_000_000:
+                    hs = os.path.join(tmp, "g.heapsnapshot")
+                    hw, hp, _ = run("graph", "--by-pid", pid, "-o", hs)
+                    notes.append(f"{label} blocks: `graph -o FILE.heapsnapshot` {hw:.2f} s, "
+                                 f"peak {hp:.0f} MiB, {os.path.getsize(hs) / 1048576:.0f} MiB")
+            finally:
+                hold_stop(p)
+        except (RuntimeError, OSError) as e:
+            rows.append(f"| {label} | failed: {e} |" + " |" * 11)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return header + rows, notes
+
+
+def section_graph(args, exes):
+    """The reference graph at --graph-blocks (and 10 M with --big)."""
+    sizes = [args.graph_blocks] + ([10_000_000] if args.big and args.graph_blocks != 10_000_000
+                                   else [])
+    table, notes = graph_bench(exes["graph_hold"], sizes, args)
+    out = ["## Reference graph (bench/graph_hold.c: 16–128 B blocks, a quarter of their words "
+           "pointing at random blocks)", "",
+           "One run each against the same live process (not stopped unless --stop). Peak MiB = "
+           "the collector's private memory (RssAnon sampled every 10 ms; the region file it maps "
+           "is shared with the target); B/block = that peak / blocks. Goals (issue 9): capture "
+           "≤ 1 s at 1 M and ≤ 10 s at 10 M; memory ≤ 48 B per block + 8 B per edge; "
+           "leaks and dominators ≤ 10 s more at 10 M.", ""]
+    return out + table + [""] + [f"- {n}" for n in notes] + [""]
+
+
 def section_latency(args, exes):
     """The target's allocation latency while snapshots run, and the shim's fixed footprint."""
     out = [f"## Allocation latency during snapshots (bench/latency.c, {args.latency_blocks} "
@@ -995,14 +1095,16 @@ def main():
     ap.add_argument("--blocks", type=int, default=1000000,
                     help="blocks held for the snapshot benchmark (default 1000000)")
     ap.add_argument("--big", action="store_true",
-                    help="also run the snapshot benchmark at 10 M blocks")
+                    help="also run the snapshot and graph benchmarks at 10 M blocks")
+    ap.add_argument("--graph-blocks", type=int, default=1000000,
+                    help="blocks held for the reference-graph benchmark (default 1000000)")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds before one run is killed and reported as failed (default 600)")
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, rust, python, snapshot, "
-                         "latency, footprint")
+                         "graph, latency, footprint")
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
@@ -1033,6 +1135,7 @@ def main():
         ("rust", lambda: section_rust(args)),
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),
+        ("graph", lambda: section_graph(args, exes)),
         ("latency", lambda: section_latency(args, exes)),
         ("footprint", lambda: section_footprint(args, exes)),
     ]
