@@ -185,7 +185,7 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["by_pid", "by_name", "region", "multi_process"])))]
 #[command(
-    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz"
+    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.pb.gz --contents-dir blocks/ --with-strings\n  go tool pprof -tags s.pb.gz                      # the string labels"
 )]
 pub struct SnapshotArgs {
     /// Process id of the target (its current image's region).
@@ -224,6 +224,28 @@ pub struct SnapshotArgs {
     /// resolution) and thread (pprof output only).
     #[arg(long)]
     pub with_tags: bool,
+    /// Write each live block's bytes to DIR/ADDRESS (hex: DIR/0x55d0c0a012a0), read from the
+    /// running process (process_vm_readv; not post-mortem). DIR must be new (created mode
+    /// 0700) or empty, and not a symbolic link; files are created mode 0600. Blocks freed
+    /// while being read are skipped and counted on stderr and in the profile's comments.
+    #[arg(long, value_name = "DIR", conflicts_with = "multi_process")]
+    pub contents_dir: Option<PathBuf>,
+    /// With --contents-dir: longest file, in bytes (K, M, G suffixes: powers of 1024); a larger
+    /// block's file holds its first BYTES bytes. Truncations are counted on stderr. Default:
+    /// 64K.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "contents_dir")]
+    pub contents_max_block: Option<u64>,
+    /// With --contents-dir: most bytes written in all (K, M, G suffixes). Files are written in
+    /// address order; the block that reaches the total is cut there and the blocks after it
+    /// get no file (counted on stderr). Default: 256M.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "contents_dir")]
+    pub contents_max_total: Option<u64>,
+    /// One sample per live block as with --with-tags, and those of blocks that start with at
+    /// least 4 bytes of printable text (UTF-8, no control character) get a `string` label
+    /// holding that text (at most 64 bytes; it ends at the first NUL, newline or other
+    /// non-printable byte). Read from the running process, as --contents-dir.
+    #[arg(long, conflicts_with = "multi_process")]
+    pub with_strings: bool,
     /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs).
     #[arg(long)]
     pub no_symbolize: bool,
@@ -231,6 +253,23 @@ pub struct SnapshotArgs {
     /// runs at a time); then fail, naming the process that holds the region's lock.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
+}
+
+/// Parses a byte count: decimal digits, optionally followed by `K`, `M` or `G` (powers of
+/// 1024), as the shim's environment variables take them.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a byte count (e.g. 65536, 64K, 256M, 1G)"))
 }
 
 /// `--format`.
@@ -340,6 +379,9 @@ pub struct SnapshotProps {
     pub symbolize: bool,
     /// Longest wait for another collector's lock on the region.
     pub lock_timeout: std::time::Duration,
+    /// `--contents-dir`, `--with-strings`: what to read of the blocks' contents (`None`:
+    /// nothing).
+    pub contents: Option<crate::contents::Request>,
 }
 
 impl TryFrom<SnapshotArgs> for SnapshotProps {
@@ -366,6 +408,19 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
                 _ => unreachable!("clap requires one target"),
             }
         };
+        if a.with_strings && format == crate::pprof::Format::Svg {
+            anyhow::bail!(
+                "--with-strings labels one sample per block in a pprof profile, which a flame \
+                 graph does not show: leave it out, or write a .pb.gz"
+            );
+        }
+        let contents =
+            (a.contents_dir.is_some() || a.with_strings).then(|| crate::contents::Request {
+                dir: a.contents_dir.clone(),
+                max_block: a.contents_max_block.unwrap_or(64 << 10),
+                max_total: a.contents_max_total.unwrap_or(256 << 20),
+                strings: a.with_strings,
+            });
         if a.with_tags && format == crate::pprof::Format::Svg {
             anyhow::bail!(
                 "--with-tags writes one sample per block into a pprof profile, which a flame \
@@ -380,6 +435,7 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
             with_tags: a.with_tags,
             symbolize: !a.no_symbolize,
             lock_timeout: std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
+            contents,
         })
     }
 }

@@ -3,9 +3,10 @@
 //! Modules: [`cli`] (argument parsing), [`regions`] (finding and opening region files safely),
 //! [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym), [`pprof`] (profile
 //! building, merging and writing), [`multi`] (several processes into one profile), [`flame`]
-//! (SVG flame graphs).
+//! (SVG flame graphs), [`contents`] (block contents: `--contents-dir`, `--with-strings`).
 
 mod cli;
+mod contents;
 mod flame;
 mod graph;
 mod hugealloc;
@@ -309,6 +310,21 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             }
         }
     };
+    // Contents are read from the running process: refuse post-mortem, and a bad directory,
+    // before any work.
+    if p.contents.is_some() && liveness != Liveness::Alive {
+        bail!(
+            "pid {} has exited: a post-mortem region records blocks but not their contents, so \
+             --contents-dir and --with-strings need a running process",
+            info.pid
+        );
+    }
+    let out_dir = (p.contents.as_ref())
+        .and_then(|r| r.dir.as_deref())
+        .map(contents::OutDir::prepare)
+        .transpose()?;
+    let with_strings = p.contents.as_ref().is_some_and(|r| r.strings);
+    let per_block = p.with_tags || with_strings;
     // Progress on stderr when someone watches it (large regions take seconds).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let started = std::time::Instant::now();
@@ -324,7 +340,36 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         "snapshotting pid {} ({} records to scan)",
         info.pid, info.counters.allocs
     ));
-    let c = snapshot::collect(&opened, liveness, p.with_tags, p.lock_timeout)?;
+    let mut c = snapshot::collect(
+        &opened,
+        liveness,
+        per_block || p.contents.is_some(),
+        p.lock_timeout,
+    )?;
+    let read = match &p.contents {
+        Some(req) => {
+            test_pause();
+            stage(&format!(
+                "reading the contents of {} live blocks",
+                c.meta.blocks
+            ));
+            let blocks = c.blocks.as_deref().unwrap_or_default();
+            let mut read = contents::read(info.pid, blocks, req, out_dir.as_ref())?;
+            // A second look at the region: blocks freed since the snapshot may have been read
+            // after their memory was reused.
+            stage("checking which blocks were freed meanwhile");
+            let again = snapshot::collect(&opened, liveness, true, p.lock_timeout)?;
+            let live: std::collections::HashSet<(u64, u64, u64)> = (again.blocks.iter().flatten())
+                .map(|b| (b.address, b.t_alloc, b.size))
+                .collect();
+            read.drop_freed(&live, out_dir.as_ref())?;
+            Some(read)
+        }
+        None => None,
+    };
+    if !per_block {
+        c.blocks = None;
+    }
     stage(&format!(
         "{} live blocks in {} stack traces; symbolizing",
         c.meta.blocks,
@@ -333,17 +378,26 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
-    let (mut profile, blocks) = pprof::build(
+    let (mut profile, mut blocks) = pprof::build(
         &c,
         pprof::Options {
-            with_tags: p.with_tags,
+            with_tags: per_block,
             symbolize: p.symbolize,
         },
     );
+    if let (Some(read), Some(req)) = (&read, &p.contents) {
+        if let Some(b) = blocks.as_mut() {
+            b.add_strings(&mut profile, &read.strings);
+        }
+        for line in read.report(req, out_dir.as_ref()) {
+            eprintln!("heapdump: {line}");
+            pprof::add_comment(&mut profile, &line);
+        }
+    }
     stage(&format!(
         "writing {}{}",
         p.output.display(),
-        if p.with_tags {
+        if per_block {
             " (one sample per block)"
         } else {
             ""
@@ -367,6 +421,23 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         p.output.display()
     );
     Ok(())
+}
+
+/// Tests only: with `HEAPDUMP_TEST_CONTENTS_PAUSE=FILE`, creates FILE after the snapshot and
+/// waits (at most 60 s) until it is removed before reading the contents, so that a test can
+/// free blocks in between.
+fn test_pause() {
+    let Some(file) = std::env::var_os("HEAPDUMP_TEST_CONTENTS_PAUSE") else {
+        return;
+    };
+    let file = PathBuf::from(file);
+    if std::fs::write(&file, b"").is_err() {
+        return;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while file.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {

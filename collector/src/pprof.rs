@@ -332,6 +332,8 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             interval: c.info.sample_interval,
             wall_offset: c.info.created_realtime_ns as i64 - c.info.created_monotonic_ns as i64,
             extra: Vec::new(),
+            strings: HashMap::new(),
+            key_string: 0,
         }
     });
 
@@ -393,6 +395,10 @@ pub struct BlockSamples<'a> {
     wall_offset: i64,
     /// Labels every sample also carries (`process_name`, `pid` in a merged profile).
     extra: Vec<pb::Label>,
+    /// Block address → string id of its `string` label (`--with-strings`).
+    strings: HashMap<u64, i64>,
+    /// String id of the key `string`.
+    key_string: i64,
 }
 
 impl BlockSamples<'_> {
@@ -414,9 +420,29 @@ impl BlockSamples<'_> {
         self.bytes.num_unit = string(self.bytes.num_unit);
         self.key_timestamp = string(self.key_timestamp);
         self.unit_ns = string(self.unit_ns);
+        self.key_string = string(self.key_string);
+        for v in self.strings.values_mut() {
+            *v = string(*v);
+        }
         self.extra.extend(extra);
     }
 
+    /// Gives the sample of each block in `strings` (block address → text) the string label
+    /// `string` with that text; the texts are added to `p`'s string table (`p` is the profile
+    /// [`build`] returned these samples with).
+    pub fn add_strings(&mut self, p: &mut pb::Profile, strings: &HashMap<u64, String>) {
+        let table = &mut p.string_table;
+        table.push("string".to_owned());
+        self.key_string = table.len() as i64 - 1;
+        let mut ids: HashMap<&str, i64> = HashMap::new();
+        for (&address, text) in strings {
+            let i = *ids.entry(text.as_str()).or_insert_with(|| {
+                table.push(text.clone());
+                table.len() as i64 - 1
+            });
+            self.strings.insert(address, i);
+        }
+    }
     /// Appends every per-block sample to `out` as repeated field 2 of `Profile` (protobuf
     /// merges a repeated field encoded in several pieces), calling `flush` every few MiB.
     fn encode(
@@ -458,6 +484,13 @@ impl BlockSamples<'_> {
             if let Some(t) = self.thread_labels.get(&b.thread) {
                 sample.label.push(*t);
             }
+            if let Some(&text) = self.strings.get(&b.address) {
+                sample.label.push(pb::Label {
+                    key: self.key_string,
+                    str: text,
+                    ..Default::default()
+                });
+            }
             sample.label.extend_from_slice(&self.extra);
             prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
             prost::encoding::encode_varint(sample.encoded_len() as u64, out);
@@ -472,6 +505,12 @@ impl BlockSamples<'_> {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Adds `text` to `p`'s comments (`go tool pprof -comments`).
+pub fn add_comment(p: &mut pb::Profile, text: &str) {
+    p.string_table.push(text.to_owned());
+    p.comment.push(p.string_table.len() as i64 - 1);
 }
 
 /// Writes `p` (and the per-block samples, if any) gzip-compressed to `path`; `-` means
