@@ -256,7 +256,8 @@ pub fn read(
     if items.is_empty() {
         return Ok(out);
     }
-    let maps = crate::graph::scan::read_maps(pid)?;
+    let maps = crate::graph::scan::read_maps(pid)
+        .with_context(|| format!("pid {pid} exited before its blocks' contents could be read"))?;
     let probe = maps
         .iter()
         .find(|m| m.read && m.write)
