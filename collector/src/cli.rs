@@ -179,6 +179,10 @@ pub struct ListArgs {
     /// Print JSON (one array of objects) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also list each process's named snapshots (name, number, time; what
+    /// `snapshot --named NAME[@N]` takes).
+    #[arg(long)]
+    pub snapshots: bool,
 }
 
 /// `heapdump snapshot`.
@@ -253,6 +257,17 @@ pub struct SnapshotArgs {
     /// runs at a time); then fail, naming the process that holds the region's lock.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
+    /// The blocks live when the program called heapdump_take_named_snapshot(NAME), instead of
+    /// now (also after the process exited). NAME@N picks the N-th snapshot of that name (from
+    /// 1); without @N, the latest. `heapdump list --snapshots` lists them.
+    #[arg(long, value_name = "NAME[@N]", conflicts_with = "multi_process")]
+    pub named: Option<String>,
+    /// Only the blocks allocated after SPEC (and still live): a duration before now (`90s`,
+    /// `10m`, `2h`, `500ms`), a named snapshot (`NAME` or `NAME@N`), or a profile heapdump
+    /// wrote earlier of the same process (its instant). A block freed and its address reused
+    /// since counts as new: blocks are told apart by (address, allocation time).
+    #[arg(long, value_name = "SPEC", conflicts_with = "multi_process")]
+    pub since: Option<String>,
 }
 
 /// Parses a byte count: decimal digits, optionally followed by `K`, `M` or `G` (powers of
@@ -382,6 +397,10 @@ pub struct SnapshotProps {
     /// `--contents-dir`, `--with-strings`: what to read of the blocks' contents (`None`:
     /// nothing).
     pub contents: Option<crate::contents::Request>,
+    /// `--named`.
+    pub named: Option<String>,
+    /// `--since`.
+    pub since: Option<String>,
 }
 
 impl TryFrom<SnapshotArgs> for SnapshotProps {
@@ -421,6 +440,12 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
                 max_total: a.contents_max_total.unwrap_or(256 << 20),
                 strings: a.with_strings,
             });
+        if a.named.is_some() && contents.is_some() {
+            anyhow::bail!(
+                "--named shows the blocks of an earlier instant, whose contents are gone: \
+                 --contents-dir and --with-strings read the blocks live now"
+            );
+        }
         if a.with_tags && format == crate::pprof::Format::Svg {
             anyhow::bail!(
                 "--with-tags writes one sample per block into a pprof profile, which a flame \
@@ -436,6 +461,8 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
             symbolize: !a.no_symbolize,
             lock_timeout: std::time::Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
             contents,
+            named: a.named,
+            since: a.since,
         })
     }
 }

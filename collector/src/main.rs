@@ -10,6 +10,7 @@ mod contents;
 mod flame;
 mod graph;
 mod hugealloc;
+mod moments;
 mod multi;
 mod pprof;
 mod regions;
@@ -30,6 +31,11 @@ use std::path::PathBuf;
 static ALLOC: hugealloc::HugeAlloc = hugealloc::HugeAlloc;
 
 fn main() {
+    // Die quietly of SIGPIPE like other command-line tools (`heapdump list | head`), instead of
+    // Rust's default of ignoring it and panicking on the failed write.
+    // SAFETY: setting a signal's disposition to the default has no preconditions; no thread
+    // has been started yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let r = match cli.command {
         Command::List(a) => list(a),
@@ -52,6 +58,8 @@ fn main() {
 struct Entry {
     file: RegionFile,
     info: Option<vmo_layout::RegionInfo>,
+    /// Named snapshots the program took.
+    named: Vec<vmo_layout::NamedSnapshot>,
     error: Option<String>,
     liveness: Liveness,
 }
@@ -64,19 +72,22 @@ fn scan() -> Result<Vec<Entry>> {
         let newer = regions::has_newer(&files, f);
         // A region truncated while its header is read shows zeros instead of killing us
         // (see `regions::truncation`): report it as unreadable.
-        let read = |o: regions::Opened| -> Result<vmo_layout::RegionInfo> {
-            let info = o.region()?.info();
+        type Read = (vmo_layout::RegionInfo, Vec<vmo_layout::NamedSnapshot>);
+        let read = |o: regions::Opened| -> Result<Read> {
+            let r = o.region()?;
+            let (info, named) = (r.info(), r.named_snapshots());
             match o.truncated() {
                 Some(why) => bail!("{why}"),
-                None => Ok(info),
+                None => Ok((info, named)),
             }
         };
         match regions::open(&f.path).and_then(read) {
-            Ok(info) => {
+            Ok((info, named)) => {
                 let liveness = regions::liveness(&info, f, newer);
                 out.push(Entry {
                     file: f.clone(),
                     info: Some(info),
+                    named,
                     error: None,
                     liveness,
                 });
@@ -84,6 +95,7 @@ fn scan() -> Result<Vec<Entry>> {
             Err(e) => out.push(Entry {
                 file: f.clone(),
                 info: None,
+                named: Vec::new(),
                 error: Some(format!("{e:#}")),
                 liveness: Liveness::Exited,
             }),
@@ -116,6 +128,14 @@ fn list(a: ListArgs) -> Result<()> {
                     "region": e.file.path,
                     "recording_stopped": i.stop_reasons(),
                     "warnings": i.warnings,
+                    "named_snapshots": e.named.iter().map(|s| serde_json::json!({
+                        "name": s.name,
+                        "number": s.index + 1,
+                        "time": moments::utc(s.realtime_ns),
+                        "time_unix_ns": s.realtime_ns,
+                        "region_clock_ns": s.time_ns,
+                        "incomplete_by_at_most": s.lost,
+                    })).collect::<Vec<_>>(),
                 }),
                 None => serde_json::json!({
                     "pid": e.file.pid,
@@ -150,6 +170,33 @@ fn list(a: ListArgs) -> Result<()> {
                 }
                 for w in &i.warnings {
                     println!("{:>8}  warning: {w}", "");
+                }
+                if a.snapshots {
+                    // Per name, the number `--named NAME@N` takes.
+                    let mut seen: std::collections::HashMap<&str, usize> = Default::default();
+                    for s in &e.named {
+                        let k = seen.entry(s.name.as_str()).or_default();
+                        *k += 1;
+                        println!(
+                            "{:>8}  named snapshot {:?} (@{k}) at {}{}",
+                            "",
+                            s.name,
+                            moments::utc(s.realtime_ns),
+                            if s.lost > 0 {
+                                format!(", incomplete: up to {} blocks missing", s.lost)
+                            } else {
+                                String::new()
+                            }
+                        );
+                    }
+                    if i.named_requested > i.named_capacity {
+                        println!(
+                            "{:>8}  {} more named snapshots were refused: the table holds {}",
+                            "",
+                            i.named_requested - i.named_capacity,
+                            i.named_capacity
+                        );
+                    }
                 }
             }
             None => println!(
@@ -340,11 +387,21 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         "snapshotting pid {} ({} records to scan)",
         info.pid, info.counters.allocs
     ));
-    let mut c = snapshot::collect(
+    let moment = moments::resolve(
+        &info,
+        &opened.region()?.named_snapshots(),
+        p.named.as_deref(),
+        p.since.as_deref(),
+    )?;
+    for n in moment.notes.iter().filter(|n| n.starts_with("incomplete")) {
+        eprintln!("heapdump: warning: {n}");
+    }
+    let mut c = snapshot::collect_at(
         &opened,
         liveness,
         per_block || p.contents.is_some(),
         p.lock_timeout,
+        &moment,
     )?;
     let read = match &p.contents {
         Some(req) => {
@@ -411,8 +468,14 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         p.sample_index,
         &format!("pid {} ({})", c.info.pid, regions::command_name(&c.info)),
     )?;
+    let what = match (&p.named, &p.since) {
+        (Some(n), None) => format!(" at named snapshot {n:?}"),
+        (None, Some(s)) => format!(" born since {s}"),
+        (Some(n), Some(s)) => format!(" at named snapshot {n:?}, born since {s}"),
+        (None, None) => String::new(),
+    };
     eprintln!(
-        "heapdump: pid {} ({}, {}): {} live blocks, {} bytes -> {}",
+        "heapdump: pid {} ({}, {}): {} live blocks, {} bytes{what} -> {}",
         c.info.pid,
         regions::command_name(&c.info),
         liveness.as_str(),

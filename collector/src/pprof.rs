@@ -367,8 +367,15 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         .map(|r| format!("recording stopped: {r}"))
         .chain(c.info.warnings.iter().map(|w| format!("shim warning: {w}")))
         .collect();
+    // The snapshot's instant on the region's clock, for `snapshot --since PROFILE` later.
+    let instant = format!(
+        "heapdump-instant pid={} start_ticks={} region_ns={}",
+        c.info.pid, c.info.start_ticks, c.meta.time_ns
+    );
     for cm in comments
         .iter()
+        .chain(c.notes.iter())
+        .chain(std::iter::once(&instant))
         .chain(c.meta.warnings.iter())
         .chain(recording.iter())
     {

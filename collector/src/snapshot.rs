@@ -31,6 +31,9 @@ pub struct Collected {
     pub threads: Vec<ThreadInfo>,
     /// Module table.
     pub modules: Vec<Module>,
+    /// What the snapshot is of, when not simply "now" (a named snapshot, born since …): lines
+    /// for the profile's comments.
+    pub notes: Vec<String>,
 }
 
 /// How many blocks of `size` bytes one sampled block stands for, when bytes are sampled as a
@@ -56,6 +59,37 @@ pub fn collect(
     liveness: Liveness,
     with_blocks: bool,
     lock_timeout: Duration,
+) -> Result<Collected> {
+    collect_at(
+        opened,
+        liveness,
+        with_blocks,
+        lock_timeout,
+        &Moment::default(),
+    )
+}
+
+/// Which blocks a snapshot keeps, when not "every block live now".
+#[derive(Debug, Clone, Default)]
+pub struct Moment {
+    /// The blocks live at this earlier instant (region-clock ns: a named snapshot's).
+    pub at: Option<u64>,
+    /// Only blocks allocated after this instant (region-clock ns; 0: all).
+    pub born_after: u64,
+    /// Wall-clock time of `at`, ns since the Unix epoch (the profile's time).
+    pub at_realtime_ns: Option<u64>,
+    /// Lines for the profile's comments saying what the snapshot is of.
+    pub notes: Vec<String>,
+}
+
+/// [`collect`] of the blocks `moment` selects: live at a named snapshot's instant, and/or born
+/// after an instant.
+pub fn collect_at(
+    opened: &Opened,
+    liveness: Liveness,
+    with_blocks: bool,
+    lock_timeout: Duration,
+    moment: &Moment,
 ) -> Result<Collected> {
     let region = opened.region()?;
     let live = liveness == Liveness::Alive && opened.writable();
@@ -91,6 +125,8 @@ pub fn collect(
             wait_timeout: Duration::from_millis(200),
             lease_pid,
             lease_start_ticks,
+            at: moment.at,
+            born_after: moment.born_after,
         },
         |b| {
             if let Some(d) = pause.take() {
@@ -106,7 +142,9 @@ pub fn collect(
         },
     );
     drop(_release);
-    let time_realtime_ns = vmo_layout::clock::realtime_ns();
+    let time_realtime_ns = moment
+        .at_realtime_ns
+        .unwrap_or_else(vmo_layout::clock::realtime_ns);
     if live {
         // SAFETY: as above.
         unsafe { libc::flock(opened.file.as_raw_fd(), libc::LOCK_UN) };
@@ -163,6 +201,7 @@ pub fn collect(
         blocks,
         threads,
         modules,
+        notes: moment.notes.clone(),
     })
 }
 

@@ -78,6 +78,44 @@ fn rust_global_allocator_exact() {
     // The program's own tally of every live block (runtime included) equals the snapshot.
     let t = raw.total();
     assert_eq!((t[2], t[3]), (blocks, bytes));
+    // take_named_snapshot("before-large") ran between alloc_medium and alloc_large.
+    let out = dir.with_extension("named.pb.gz");
+    let pid = r.pid().to_string();
+    let (ok, _, se) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "--named",
+            "before-large",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{se}");
+    let named = pprof_raw(&out);
+    let g = |n: &str| named.sum_with(&format!("rust_alloc_example::{n}"));
+    assert_eq!(g("alloc_small")[2..], [1000, 1000 * KIB]);
+    assert_eq!(g("alloc_medium")[2..], [100, 6400 * KIB]);
+    assert_eq!(g("alloc_large")[2..], [0, 0]);
+    let (ok, _, se) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "--since",
+            "before-large",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{se}");
+    let since = pprof_raw(&out);
+    let h = |n: &str| since.sum_with(&format!("rust_alloc_example::{n}"));
+    assert_eq!(h("alloc_small")[2..], [0, 0]);
+    assert_eq!(h("alloc_large")[2..], [10, 10 * MIB]);
     assert_eq!(r.finish(), 0);
 }
 

@@ -228,19 +228,19 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
         };
         if let Some(c) = closed {
             RegionWriter::op_begin(slot);
-            let now = now_ns();
+            let (now, last) = w.stamp(now_ns());
             let old_size = w.erase_node(c, now);
             add(&slot.frees, 1);
             add(&slot.free_bytes, old_size);
             RegionWriter::op_end(slot);
-            recycle_node(g, t, c);
+            retire(g, t, c, last);
         }
     }
     if stack != u32::MAX {
         w.count_alloc(stack, slot_idx as usize, size);
     }
     RegionWriter::op_begin(slot);
-    let now = now_ns();
+    let (now, _) = w.stamp(now_ns());
     t.set_last_now(now);
     match node {
         Some(n) => {
@@ -262,7 +262,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     }
     let (slot_idx, slot) = acquire_slot(g, t);
     RegionWriter::op_begin(slot);
-    let now = now_ns();
+    let (now, last) = g.writer.stamp(now_ns());
     t.set_last_now(now);
     let size = if size32 == u32::MAX {
         g.writer.erase_node(n, now)
@@ -274,9 +274,47 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     add(&slot.free_bytes, size);
     RegionWriter::op_end(slot);
     release_slot(slot_idx);
-    recycle_node(g, t, n);
+    retire(g, t, n, last);
     tick(g, t, slot_idx);
     Some(size)
+}
+
+/// A record whose block was just freed: recycled, unless a named snapshot taken while the
+/// block was live needs it (then it is kept as it is, dead, for good).
+///
+/// `last` is the `named_last` the free saw when it stamped itself (`RegionWriter::stamp`).
+/// Named snapshots are in the past of every free that sees them, so a record is needed iff
+/// it was born at or before the latest one; `u64::MAX` (a named snapshot being taken) keeps
+/// every record. Without named snapshots this costs nothing: `last` is 0.
+#[inline]
+fn retire(g: &Global, t: &Tls, n: u32, last: u64) {
+    if last != 0 && keep_for_named(g, t, n, last) {
+        return;
+    }
+    recycle_node(g, t, n);
+}
+
+#[cold]
+#[inline(never)]
+fn keep_for_named(g: &Global, t: &Tls, n: u32, last: u64) -> bool {
+    let born = g.writer.node_t_alloc(n);
+    if born > last {
+        return false;
+    }
+    if g.writer.named_holding() {
+        // Counted in batches: one shared update per 64 records kept.
+        let k = t.named_held.get() + 1;
+        if k < 64 {
+            t.named_held.set(k);
+        } else {
+            t.named_held.set(0);
+            g.writer.add_named_held(64);
+        }
+        return true;
+    }
+    // The limit is reached: recycle, and tell the named snapshots that needed it.
+    g.writer.named_lost(born);
+    false
 }
 
 /// Owner-only counter update: a load and a store, no locked instruction.

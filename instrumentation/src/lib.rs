@@ -36,3 +36,12 @@ pub mod unwind;
 
 pub use global_alloc::HeapdumpAlloc;
 pub use state::{init, refresh_modules};
+
+/// Records a named snapshot of this process (the Rust side of `heapdump_take_named_snapshot`):
+/// `heapdump snapshot --named NAME` later gives exactly the blocks live at this call, also
+/// after the process exits. Cheap (no allocation, no file written); a no-op returning false
+/// when the process is not recording or its table of named snapshots (256) is full. Names
+/// longer than 95 bytes are truncated.
+pub fn take_named_snapshot(name: &str) -> bool {
+    state::take_named_snapshot(name.as_bytes())
+}

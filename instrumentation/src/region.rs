@@ -39,6 +39,8 @@ pub struct Settings {
     /// Regions of processes that are gone kept in the directory at most
     /// (`HEAPDUMP_MAX_DEAD_REGIONS`); older ones are removed when a region is created.
     pub max_dead_regions: u64,
+    /// Most dead records kept for named snapshots (`HEAPDUMP_NAMED_SNAPSHOT_RECORDS`).
+    pub named_hold_limit: u64,
 }
 
 /// Default of [`Settings::max_dead_regions`].
@@ -82,6 +84,7 @@ pub fn settings() -> Settings {
         warnings: [0; WARNINGS_BYTES],
         warnings_len: 0,
         max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
+        named_hold_limit: vmo_layout::v1::NAMED_HOLD_DEFAULT,
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -154,6 +157,11 @@ pub fn settings() -> Settings {
             b"HEAPDUMP_MAX_THREADS" => {
                 if let Some(x) = sized(&mut s, shown, v, 2, 1 << 20) {
                     s.caps.threads = x;
+                }
+            }
+            b"HEAPDUMP_NAMED_SNAPSHOT_RECORDS" => {
+                if let Some(x) = sized(&mut s, shown, v, 0, u64::MAX >> 1) {
+                    s.named_hold_limit = x;
                 }
             }
             b"HEAPDUMP_MAX_DEAD_REGIONS" => {
@@ -392,6 +400,8 @@ pub fn create(settings: &Settings) -> Option<Created> {
     writer.set_backing(&BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2]);
     // SAFETY: the region is not published yet and only this thread knows the writer.
     unsafe { writer.set_warnings(settings.warnings()) };
+    // SAFETY: as above.
+    unsafe { writer.set_named_hold_limit(settings.named_hold_limit) };
     Some(Created {
         writer,
         path,

@@ -132,6 +132,18 @@ pub(crate) struct GlobalCell(pub(crate) UnsafeCell<MaybeUninit<Global>>);
 unsafe impl Sync for GlobalCell {}
 pub(crate) static GLOBAL: GlobalCell = GlobalCell(UnsafeCell::new(MaybeUninit::uninit()));
 
+/// Records a named snapshot: the blocks live now can be snapshotted later by that name
+/// (`heapdump snapshot --named NAME`), even after the process exits. Cheap: no allocation, no
+/// file written, no system call but the clock; the name (truncated to 95 bytes) and the
+/// instant go into the region. Returns false when nothing was recorded (not recording, or the
+/// region's table of named snapshots is full).
+pub fn take_named_snapshot(name: &[u8]) -> bool {
+    match global() {
+        Some(g) => g.writer.take_named_snapshot(name).is_some(),
+        None => false,
+    }
+}
+
 /// The global state, if recording.
 #[inline]
 pub fn global() -> Option<&'static Global> {
@@ -185,6 +197,8 @@ pub struct Tls {
     pub(crate) dwarf_cache: Cell<*mut crate::dwarf::Cache>,
     /// The thread's exit handler has run: no new CFI cache (it would never be freed).
     pub(crate) exited: Cell<bool>,
+    /// Records this thread kept for named snapshots and not yet added to the header's count.
+    pub(crate) named_held: Cell<u32>,
 }
 pub(crate) const EXITED: u32 = u32::MAX;
 
@@ -221,6 +235,7 @@ impl Tls {
             #[cfg(target_arch = "x86_64")]
             dwarf_cache: Cell::new(std::ptr::null_mut()),
             exited: Cell::new(false),
+            named_held: Cell::new(0),
         }
     }
 

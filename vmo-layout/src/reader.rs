@@ -93,6 +93,15 @@ pub struct RegionInfo {
     pub recording_flags: u32,
     /// The writer's start-up warnings (invalid settings, …), one per line.
     pub warnings: Vec<String>,
+    /// Named snapshots the program asked for (including refused ones past the table's
+    /// capacity).
+    pub named_requested: u64,
+    /// Named-snapshot entries the region holds.
+    pub named_capacity: u64,
+    /// Dead records kept for named snapshots, and the most the writer keeps.
+    pub named_held: u64,
+    /// See `named_held`.
+    pub named_hold_limit: u64,
 }
 
 impl RegionInfo {
@@ -189,6 +198,29 @@ pub struct SnapshotOptions {
     /// Start time of that process in clock ticks since boot (`/proc/self/stat` field 22), 0
     /// when unknown.
     pub lease_start_ticks: u64,
+    /// Report the blocks live at this earlier instant (region-clock ns; a named snapshot's
+    /// `time_ns`) instead of at the snapshot's own instant. Only as exact as the records kept:
+    /// see [`NamedSnapshot::lost`].
+    pub at: Option<u64>,
+    /// Report only blocks allocated after this instant (region-clock ns, exclusive; 0: all):
+    /// "born since".
+    pub born_after: u64,
+}
+
+/// A named snapshot the program took (`heapdump_take_named_snapshot`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedSnapshot {
+    /// Entry index, in the order the program took them (0 first).
+    pub index: u32,
+    /// The name given (invalid UTF-8 replaced).
+    pub name: String,
+    /// The instant, region-clock ns.
+    pub time_ns: u64,
+    /// The instant, ns since the Unix epoch.
+    pub realtime_ns: u64,
+    /// Upper bound on the blocks live at the instant whose records were recycled since
+    /// (the writer's hold limit was reached); 0 when the snapshot is complete.
+    pub lost: u64,
 }
 
 /// What a snapshot reports besides its blocks.
@@ -267,13 +299,18 @@ impl<'a> Region<'a> {
             (section::STACK_COUNTERS, size_of::<StackCounterV1>()),
             (section::THREADS, size_of::<ThreadSlotV1>()),
             (section::MODULES, size_of::<ModuleV1>()),
+            (section::NAMED, size_of::<NamedSnapshotV1>()),
         ];
         let mut sections = [SectionV1::default(); section::COUNT];
         for (kind, size) in expected {
-            let s = h.sections[..count]
-                .iter()
-                .find(|s| s.kind == kind)
-                .ok_or(ReadError::Corrupt("missing section"))?;
+            let Some(s) = h.sections[..count].iter().find(|s| s.kind == kind) else {
+                // NAMED came later: a region without it has no named snapshots.
+                if kind == section::NAMED {
+                    sections[kind as usize - 1].kind = kind;
+                    continue;
+                }
+                return Err(ReadError::Corrupt("missing section"));
+            };
             if s.entry_size as usize != size {
                 return Err(ReadError::Corrupt("section entry size mismatch"));
             }
@@ -453,6 +490,10 @@ impl<'a> Region<'a> {
                 .take(32)
                 .map(|s| String::from_utf8_lossy(s).into_owned())
                 .collect(),
+            named_requested: h.named_count.load(Ordering::Relaxed),
+            named_capacity: self.cap(section::NAMED),
+            named_held: h.named_held.load(Ordering::Relaxed),
+            named_hold_limit: h.named_hold_limit,
         }
     }
 
@@ -545,6 +586,13 @@ impl<'a> Region<'a> {
             } else {
                 TIME_NONE - 1
             };
+        // A named snapshot's instant is in the past: the consistency protocol above still runs
+        // (operations in flight now are waited for), then blocks are judged at that instant.
+        let t = match opts.at {
+            Some(at) => at.min(t),
+            None => t,
+        };
+        let born_after = opts.born_after;
         meta.time_ns = t;
         let nodes = h
             .node_cursor
@@ -558,7 +606,7 @@ impl<'a> Region<'a> {
                     break;
                 };
                 let a1 = n.t_alloc.load(Ordering::Acquire);
-                if a1 > t {
+                if a1 > t || a1 <= born_after {
                     continue;
                 }
                 let block = Block {
@@ -747,6 +795,37 @@ impl<'a> Region<'a> {
                 running: s.state.load(Ordering::Relaxed) == SLOT_USED,
             });
         });
+        out
+    }
+
+    /// The named snapshots the program took, in order (complete entries only).
+    pub fn named_snapshots(&self) -> Vec<NamedSnapshot> {
+        let n = self
+            .header()
+            .named_count
+            .load(Ordering::Acquire)
+            .min(self.cap(section::NAMED));
+        let mut out = Vec::new();
+        for i in 0..n {
+            let Some(e) = self.at::<NamedSnapshotV1>(section::NAMED, i) else {
+                break;
+            };
+            if e.state.load(Ordering::Acquire) != NAMED_READY {
+                continue;
+            }
+            let mut bytes = Vec::with_capacity(NAME_BYTES);
+            for w in &e.name {
+                bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            out.push(NamedSnapshot {
+                index: i as u32,
+                name: String::from_utf8_lossy(&bytes[..len]).into_owned(),
+                time_ns: e.time_ns.load(Ordering::Relaxed),
+                realtime_ns: e.realtime_ns.load(Ordering::Relaxed),
+                lost: e.lost.load(Ordering::Relaxed),
+            });
+        }
         out
     }
 

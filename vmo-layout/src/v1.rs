@@ -16,7 +16,11 @@
 //!         STACK_COUNTERS STRIPES × stacks × 16 B  cumulative allocations per stack trace
 //!         THREADS       capacity × 128 B  ThreadSlotV1: op sequence, tid, name, counters
 //!         MODULES       capacity × 1024 B ModuleV1: path, load bias, build ID, PT_LOAD segments
+//!         NAMED         capacity × 128 B  NamedSnapshotV1: named snapshots the program took
 //! ```
+//!
+//! NAMED was added after the first release of v1: readers accept regions without it (no named
+//! snapshots), and readers that predate it ignore it (they look sections up by kind).
 //!
 //! The design follows Fuchsia's heapdump (`src/performance/memory/heapdump/vmo`: a node pool of
 //! 40-byte records and append-only, deduplicated stack traces) with three changes: a header with
@@ -69,8 +73,10 @@ pub mod section {
     pub const THREADS: u32 = 5;
     /// [`super::ModuleV1`] records.
     pub const MODULES: u32 = 6;
+    /// [`super::NamedSnapshotV1`] records (optional: regions of older writers lack it).
+    pub const NAMED: u32 = 7;
     /// Number of section kinds in v1.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
 }
 
 /// One entry of the section table (32 bytes).
@@ -132,7 +138,13 @@ pub struct HeaderV1 {
     /// Why recording is (partly) stopped: an or of `RECORDING_*` bits, 0 while everything is
     /// recorded. Set by the writer, never cleared.
     pub recording_flags: AtomicU32,
-    _pad0: [u8; 128 - 96],
+    /// Most dead records kept for named snapshots (`HEAPDUMP_NAMED_SNAPSHOT_RECORDS`): past it,
+    /// records a named snapshot needs are recycled and counted in its `lost`.
+    pub named_hold_limit: u64,
+    /// Region-clock ns of the latest completed named snapshot (0: none); unlike `named_last`
+    /// never `u64::MAX`. Events in the same clock tick after it are stamped `named_floor + 1`.
+    pub named_floor: AtomicU64,
+    _pad0: [u8; 128 - 112],
     /// Reader lease: region-clock ns at which a reader started, 0 when none.
     pub lease: AtomicU64,
     /// Fork lease: region-clock ns of a `fork` whose child is still copying the blocks it
@@ -151,7 +163,16 @@ pub struct HeaderV1 {
     /// clock has passed it before storing its own lease, so lease values only grow and a
     /// writer clearing a dead collector's lease (compare-exchange) never clears a later one.
     pub lease_last: AtomicU64,
-    _pad1: [u8; 24],
+    /// Region-clock ns of the latest named snapshot (0: none yet; `u64::MAX` while one is
+    /// being taken). A block freed later whose `t_alloc` is at most this was live at that
+    /// instant: its record is kept (not recycled) within `named_hold_limit`. Every allocation
+    /// and free is stamped after it (`max(clock, named_last + 1)`): the clock ticks every few
+    /// ms, and events after a named snapshot in the same tick must not look earlier.
+    pub named_last: AtomicU64,
+    /// Entries of NAMED handed out (may exceed the capacity: the excess calls were refused).
+    pub named_count: AtomicU64,
+    /// Dead records kept for named snapshots so far (added in batches of up to 64 per thread).
+    pub named_held: AtomicU64,
     /// Nodes of ALLOCATIONS handed out so far (bump cursor, multiples of a batch).
     pub node_cursor: AtomicU64,
     _pad2: [u8; 56],
@@ -189,6 +210,11 @@ const _: () = assert!(offset_of!(HeaderV1, lease_pid) == 144);
 const _: () = assert!(offset_of!(HeaderV1, lease_start_ticks) == 152);
 const _: () = assert!(offset_of!(HeaderV1, lease_last) == 160);
 const _: () = assert!(offset_of!(HeaderV1, node_cursor) == 192);
+const _: () = assert!(offset_of!(HeaderV1, named_hold_limit) == 96);
+const _: () = assert!(offset_of!(HeaderV1, named_last) == 168);
+const _: () = assert!(offset_of!(HeaderV1, named_floor) == 104);
+const _: () = assert!(offset_of!(HeaderV1, named_count) == 176);
+const _: () = assert!(offset_of!(HeaderV1, named_held) == 184);
 const _: () = assert!(offset_of!(HeaderV1, stack_count) == 256);
 const _: () = assert!(offset_of!(HeaderV1, thread_count) == 320);
 const _: () = assert!(offset_of!(HeaderV1, sections) == 384);
@@ -338,6 +364,38 @@ pub const MODULE_LOADED: u32 = 1;
 /// `ModuleV1::state`: was mapped, then `dlclose`d.
 pub const MODULE_UNLOADED: u32 = 2;
 
+/// Bytes of a named snapshot's name (NUL-padded, truncated to 95 bytes).
+pub const NAME_BYTES: usize = 96;
+
+/// A named snapshot (128 bytes): the program asked (`heapdump_take_named_snapshot`) for the
+/// blocks live at `time_ns` to stay readable. Written once, under the writer's named-snapshot
+/// lock; `state` is stored last (Release).
+#[repr(C)]
+#[derive(Debug)]
+pub struct NamedSnapshotV1 {
+    /// [`NAMED_EMPTY`], [`NAMED_WRITING`] or [`NAMED_READY`].
+    pub state: AtomicU64,
+    /// The instant, region-clock ns: the snapshot holds the blocks with
+    /// `t_alloc <= time_ns < t_free`.
+    pub time_ns: AtomicU64,
+    /// `CLOCK_REALTIME` at that instant, ns since the Unix epoch (for display).
+    pub realtime_ns: AtomicU64,
+    /// Records this snapshot needed that were recycled because `named_hold_limit` was reached
+    /// (an upper bound on the blocks missing from it).
+    pub lost: AtomicU64,
+    /// The name, NUL-padded: bytes in order, eight per word (native-endian).
+    pub name: [AtomicU64; NAME_BYTES / 8],
+}
+const _: () = assert!(size_of::<NamedSnapshotV1>() == 128);
+/// `NamedSnapshotV1::state`: unused entry.
+pub const NAMED_EMPTY: u64 = 0;
+/// `NamedSnapshotV1::state`: being written.
+pub const NAMED_WRITING: u64 = 1;
+/// `NamedSnapshotV1::state`: complete.
+pub const NAMED_READY: u64 = 2;
+/// Default of `HeaderV1::named_hold_limit`: 4 M records (160 MiB of the allocations table).
+pub const NAMED_HOLD_DEFAULT: u64 = 4 << 20;
+
 /// How big each section is; chosen by the writer when it creates a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacities {
@@ -351,6 +409,8 @@ pub struct Capacities {
     pub threads: u64,
     /// Modules ever loaded.
     pub modules: u64,
+    /// Named snapshots.
+    pub named: u64,
 }
 
 impl Default for Capacities {
@@ -361,6 +421,7 @@ impl Default for Capacities {
             frames: 24 << 20,
             threads: 8192,
             modules: 1024,
+            named: 256,
         }
     }
 }
@@ -388,6 +449,7 @@ pub fn plan(c: &Capacities) -> ([SectionV1; section::COUNT], u64) {
             c.threads,
         ),
         (section::MODULES, size_of::<ModuleV1>() as u32, c.modules),
+        (section::NAMED, size_of::<NamedSnapshotV1>() as u32, c.named),
     ];
     let mut out = [SectionV1::default(); section::COUNT];
     let mut offset = HEADER_SIZE as u64;

@@ -87,6 +87,7 @@ impl RegionWriter {
         h.exe_dev = id.exe_dev;
         h.exe_ino = id.exe_ino;
         h.sample_interval = id.sample_interval;
+        h.named_hold_limit = NAMED_HOLD_DEFAULT;
         h.sections[..section::COUNT].copy_from_slice(&sections);
         copy_truncated(&mut h.exe_path, id.exe_path);
         copy_truncated(&mut h.cmdline, id.cmdline);
@@ -165,6 +166,140 @@ impl RegionWriter {
 
     fn capacity(&self, kind: u32) -> u64 {
         self.sections[kind as usize - 1].capacity
+    }
+
+    // ---- named snapshots ---------------------------------------------------------------
+
+    /// Sets the most dead records kept for named snapshots (`HeaderV1::named_hold_limit`).
+    ///
+    /// # Safety
+    /// Only before the region is published and the writer shared (the field is plain memory).
+    pub unsafe fn set_named_hold_limit(&self, records: u64) {
+        // SAFETY: as for `set_warnings`.
+        let h = unsafe { &mut *(self.base as *mut HeaderV1) };
+        h.named_hold_limit = records;
+    }
+
+    /// The timestamp of an allocator event whose clock reading is `t` (read inside its
+    /// operation window), and the `named_last` it saw (0: no named snapshot; `u64::MAX`: one
+    /// is being taken).
+    ///
+    /// The stamp is `t`, or just after the latest named snapshot `N` when `t <= N` (the clock
+    /// is coarse: events after a snapshot in the same tick must not look earlier). Stamps stay
+    /// consistent with the address-reuse order: `named_last` only grows, so a later event sees
+    /// at least what an earlier one saw. A named snapshot reads its clock after storing
+    /// `u64::MAX` into `named_last`; an event that still loaded the older value therefore read
+    /// its own clock earlier and gets a stamp `<= N` (it happened before the snapshot); an
+    /// event that loads `u64::MAX` is concurrent with it, stamped after the previous one, and
+    /// keeps its record if it is a free (see `take_named_snapshot`).
+    #[inline]
+    pub fn stamp(&self, t: u64) -> (u64, u64) {
+        let h = self.header();
+        let last = h.named_last.load(Ordering::SeqCst);
+        if last == 0 {
+            return (t, 0);
+        }
+        let floor = if last == TIME_NONE {
+            h.named_floor.load(Ordering::SeqCst)
+        } else {
+            last
+        };
+        (if t <= floor { floor + 1 } else { t }, last)
+    }
+
+    /// Records a named snapshot at the current instant: the blocks live now stay readable
+    /// (their records are kept when freed, within `named_hold_limit`). No allocation, no
+    /// system call except the clock; serialised by a spin lock of its own (named snapshots
+    /// only, never taken by malloc or free).
+    ///
+    /// Protocol: store `u64::MAX` into `named_last` (frees that see it keep their record),
+    /// read the clock, take `N = max(clock, previous + 1)`, write the entry, then store `N`
+    /// into `named_floor` and `named_last`. See [`Self::stamp`] for why every event after the
+    /// call is stamped after `N` and every event that did not see the call before it.
+    ///
+    /// Returns the entry's index, or `None` when the NAMED section is full or missing (then
+    /// nothing is recorded).
+    pub fn take_named_snapshot(&self, name: &[u8]) -> Option<u32> {
+        static LOCK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let h = self.header();
+        let cap = self.capacity(section::NAMED);
+        let idx = h.named_count.fetch_add(1, Ordering::Relaxed);
+        if idx >= cap || !self.backed(section::NAMED, idx + 1) {
+            return None;
+        }
+        while LOCK
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        let e: &NamedSnapshotV1 = self.entry(section::NAMED, idx);
+        e.state.store(NAMED_WRITING, Ordering::Relaxed);
+        let mut bytes = [0u8; NAME_BYTES];
+        copy_truncated(&mut bytes, name);
+        for (w, chunk) in e.name.iter().zip(bytes.chunks_exact(8)) {
+            w.store(
+                u64::from_ne_bytes(chunk.try_into().unwrap()),
+                Ordering::Relaxed,
+            );
+        }
+        let prev = h.named_floor.load(Ordering::SeqCst);
+        h.named_last.store(TIME_NONE, Ordering::SeqCst);
+        let now = now_ns();
+        let t = if prev != 0 && now <= prev {
+            prev + 1
+        } else {
+            now
+        };
+        e.time_ns.store(t, Ordering::Relaxed);
+        e.realtime_ns.store(realtime_ns(), Ordering::Relaxed);
+        e.state.store(NAMED_READY, Ordering::Release);
+        h.named_floor.store(t, Ordering::SeqCst);
+        h.named_last.store(t, Ordering::SeqCst);
+        LOCK.store(0, Ordering::Release);
+        Some(idx as u32)
+    }
+
+    /// Adds `k` records to the count kept for named snapshots; whether the count is still
+    /// within `named_hold_limit`.
+    #[cold]
+    pub fn add_named_held(&self, k: u64) -> bool {
+        let h = self.header();
+        h.named_held.fetch_add(k, Ordering::Relaxed) + k <= h.named_hold_limit
+    }
+
+    /// Whether records are still being kept for named snapshots (the limit not reached).
+    #[inline]
+    pub fn named_holding(&self) -> bool {
+        let h = self.header();
+        h.named_held.load(Ordering::Relaxed) < h.named_hold_limit
+    }
+
+    /// A record born at `t_alloc` and needed by named snapshots is recycled anyway (the limit
+    /// was reached): counted in `lost` of every named snapshot at or after `t_alloc`.
+    #[cold]
+    #[inline(never)]
+    pub fn named_lost(&self, t_alloc: u64) {
+        let h = self.header();
+        let n = h
+            .named_count
+            .load(Ordering::Relaxed)
+            .min(self.capacity(section::NAMED));
+        for i in 0..n {
+            let e: &NamedSnapshotV1 = self.entry(section::NAMED, i);
+            if e.state.load(Ordering::Acquire) == NAMED_READY
+                && e.time_ns.load(Ordering::Relaxed) >= t_alloc
+            {
+                e.lost.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `t_alloc` of node `index` (a cache miss where the record is cold: only read once a
+    /// named snapshot exists).
+    #[inline]
+    pub fn node_t_alloc(&self, index: u32) -> u64 {
+        self.node(index).t_alloc.load(Ordering::Relaxed)
     }
 
     // ---- allocations table -------------------------------------------------------------
@@ -322,6 +457,7 @@ impl RegionWriter {
             frames: c(section::STACK_FRAMES),
             threads: c(section::THREADS),
             modules: c(section::MODULES),
+            named: c(section::NAMED),
         }
     }
 
@@ -886,6 +1022,7 @@ mod lease_tests {
             frames: 64,
             threads: 2,
             modules: 1,
+            named: 1,
         };
         let (_, size) = plan(&caps);
         let mut buf = vec![0u64; size as usize / 8];

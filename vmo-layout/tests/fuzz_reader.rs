@@ -16,6 +16,7 @@ const CAPS: Capacities = Capacities {
     frames: 1024,
     threads: 8,
     modules: 4,
+    named: 4,
 };
 
 /// A region written by the real writer: threads, live and freed blocks, stacks, a module.
@@ -187,6 +188,7 @@ const HUGE: Capacities = Capacities {
     frames: 1 << 26,
     threads: 1 << 22,
     modules: 1 << 24,
+    named: 1 << 20,
 };
 
 fn sparse() -> Sparse {

@@ -4,7 +4,8 @@
 //!
 //! Allocates 1000 × 1 KiB from `alloc_small`, 100 × 64 KiB from `alloc_medium` and 10 × 1 MiB
 //! from `alloc_large` (grown by `Vec::reserve_exact` from 512 KiB), prints
-//! `ready PID LIVE_BLOCKS LIVE_BYTES` and waits for stdin to close.
+//! `ready PID LIVE_BLOCKS LIVE_BYTES` and waits for stdin to close. Takes the named snapshot
+//! `before-large` between the medium and the large blocks.
 
 use heapdump_instrumentation::state::inside_shim;
 use heapdump_instrumentation::HeapdumpAlloc;
@@ -81,6 +82,8 @@ fn main() {
     let mut large = Vec::with_capacity(10);
     alloc_small(&mut small);
     alloc_medium(&mut medium);
+    // A named snapshot: `heapdump snapshot --named before-large` gives the blocks live here.
+    heapdump_instrumentation::take_named_snapshot("before-large");
     alloc_large(&mut large);
     // Report without allocating: a stack buffer and an unbuffered write to fd 1.
     let mut msg = [0u8; 96];

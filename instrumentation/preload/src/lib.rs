@@ -356,6 +356,24 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
     unreachable_exit()
 }
 
+/// `heapdump_take_named_snapshot(3)` (instrumentation/include/heapdump.h): records a named
+/// snapshot — the blocks live now, retrievable later with `heapdump snapshot --named NAME`.
+/// Returns 1 when recorded, 0 when not (not recording, NULL name, or the table is full).
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn heapdump_take_named_snapshot(name: *const libc::c_char) -> c_int {
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller passes a NUL-terminated string; at most 4096 bytes are looked at.
+    let len = unsafe { libc::strnlen(name, 4096) };
+    // SAFETY: `len` bytes at `name` are readable (strnlen just read them).
+    let bytes = unsafe { std::slice::from_raw_parts(name as *const u8, len) };
+    heapdump_instrumentation::state::take_named_snapshot(bytes) as c_int
+}
+
 static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
 
 /// `quick_exit(3)`: removes the region (as a clean exit does: `quick_exit` skips `atexit`
