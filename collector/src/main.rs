@@ -8,11 +8,13 @@
 mod cli;
 mod contents;
 mod flame;
+mod frozen;
 mod graph;
 mod hugealloc;
 mod moments;
 mod multi;
 mod pprof;
+mod priority;
 mod regions;
 mod snapshot;
 mod symbolize;

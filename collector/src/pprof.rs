@@ -354,10 +354,19 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         } else {
             "every allocation recorded (not sampled)".to_owned()
         },
-        format!(
-            "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations",
-            c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns
-        ),
+        match &c.stopped {
+            Some((how, threads)) => format!(
+                "snapshot: {} live blocks, {} bytes; {} nodes scanned; target stopped ({how}, \
+                 {threads} threads) for the whole scan: records read as they were, no operation \
+                 in flight was awaited ({} thread(s) stopped inside an operation, each counted \
+                 by its record)",
+                c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.stopped_in_operation
+            ),
+            None => format!(
+                "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations",
+                c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns
+            ),
+        },
         format!(
             "counters: live_bytes={} live_blocks={} allocations={} frees={} peak_live_bytes={} dropped_blocks={} dropped_stacks={} threads={}",
             k.live_bytes, k.live_blocks, k.allocs, k.frees, k.peak_live_bytes, k.dropped_blocks, k.dropped_stacks, k.threads

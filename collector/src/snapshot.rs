@@ -34,6 +34,9 @@ pub struct Collected {
     /// What the snapshot is of, when not simply "now" (a named snapshot, born since …): lines
     /// for the profile's comments.
     pub notes: Vec<String>,
+    /// The target was stopped for the whole scan (records read as they were, nothing waited
+    /// for): how ("SIGSTOP", "ptrace", "cgroup freezer") and its number of threads.
+    pub stopped: Option<(String, usize)>,
 }
 
 /// How many blocks of `size` bytes one sampled block stands for, when bytes are sampled as a
@@ -92,10 +95,16 @@ pub fn collect_at(
     moment: &Moment,
 ) -> Result<Collected> {
     let region = opened.region()?;
-    let live = liveness == Liveness::Alive && opened.writable();
+    let alive = liveness == Liveness::Alive;
+    let live = alive && opened.writable();
     if live {
         lock_exclusive(opened, lock_timeout)?;
     }
+    let target_pid = region.info().pid;
+    // A stopped target is read as it is (no lease, no wait), when `/proc` shows every thread
+    // stopped before the scan and again, none having run, after it; one that ran meanwhile is
+    // snapshotted again (a few times, then with the live protocol).
+    let can_freeze = alive && crate::frozen::same_pid_namespace(target_pid);
     // Tests only: pause inside the scan, while holding the lock and the lease.
     let mut pause = std::env::var("HEAPDUMP_TEST_PAUSE_MS")
         .ok()
@@ -119,28 +128,53 @@ pub fn collect_at(
     // SIGTERM, SIGINT and SIGHUP release the lease before the collector dies (SIGKILL cannot:
     // writers then find the holder dead, see `RegionWriter::lease_holder_gone`).
     let _release = live.then(|| region.lease_word().map(lease::Guard::arm));
-    let mut meta = region.snapshot(
-        &SnapshotOptions {
-            live,
-            wait_timeout: Duration::from_millis(200),
-            lease_pid,
-            lease_start_ticks,
-            at: moment.at,
-            born_after: moment.born_after,
-        },
-        |b| {
-            if let Some(d) = pause.take() {
-                std::thread::sleep(d);
-            }
-            let w = weight(b.size as f64, interval);
-            let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
-            e.0 += w;
-            e.1 += w * b.size as f64;
+    let mut stopped = None;
+    let mut meta = SnapshotMeta::default();
+    for attempt in 0.. {
+        let frozen = (can_freeze && attempt < FROZEN_ATTEMPTS)
+            .then(|| crate::frozen::check(target_pid))
+            .flatten();
+        if attempt > 0 {
+            inuse.clear();
             if let Some(v) = blocks.as_mut() {
-                v.push(*b);
+                v.clear();
             }
-        },
-    );
+        }
+        // The lease holds back the target's recycling until the scan ends: get the CPU for it
+        // (restored when dropped). A stopped target competes for nothing.
+        let _boost = (live && frozen.is_none()).then(crate::priority::Boost::raise);
+        meta = region.snapshot(
+            &SnapshotOptions {
+                live: alive,
+                wait_timeout: Duration::from_millis(200),
+                lease_pid,
+                lease_start_ticks,
+                at: moment.at,
+                born_after: moment.born_after,
+                frozen: frozen.is_some(),
+            },
+            |b| {
+                if let Some(d) = pause.take() {
+                    std::thread::sleep(d);
+                }
+                let w = weight(b.size as f64, interval);
+                let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
+                e.0 += w;
+                e.1 += w * b.size as f64;
+                if let Some(v) = blocks.as_mut() {
+                    v.push(*b);
+                }
+            },
+        );
+        match frozen {
+            // Not stopped throughout: a thread ran during the scan, records may have changed
+            // under it. Never reported: take it again.
+            Some(f) if !f.still() => continue,
+            Some(f) => stopped = Some(f),
+            None => {}
+        }
+        break;
+    }
     drop(_release);
     let time_realtime_ns = moment
         .at_realtime_ns
@@ -149,7 +183,7 @@ pub fn collect_at(
         // SAFETY: as above.
         unsafe { libc::flock(opened.file.as_raw_fd(), libc::LOCK_UN) };
     }
-    if liveness == Liveness::Alive && !opened.writable() {
+    if liveness == Liveness::Alive && !opened.writable() && stopped.is_none() {
         meta.warnings.push(
             "region is read-only to us: snapshot taken without the consistency protocol".into(),
         );
@@ -202,8 +236,13 @@ pub fn collect_at(
         threads,
         modules,
         notes: moment.notes.clone(),
+        stopped: stopped.map(|f| (f.how.clone(), f.threads())),
     })
 }
+
+/// Snapshots of a target found stopped that are tried before falling back to the live
+/// protocol, when it turns out to have run during the scan.
+const FROZEN_ATTEMPTS: u32 = 3;
 
 /// Takes the exclusive `flock` of a live snapshot, waiting at most `timeout` for another
 /// collector to release it (after 1 s, says on stderr who holds it).

@@ -18,6 +18,12 @@
 //! 4. scan the allocations table: a node is live at `T` iff `t_alloc <= T < t_free`, read under
 //!    the node's seqlock (`t_alloc` before and after);
 //! 5. clear the lease.
+//!
+//! A stopped writer (every thread stopped by SIGSTOP, ptrace or a freezer for the whole scan,
+//! which the caller establishes and checks again afterwards: [`SnapshotOptions::frozen`]) is
+//! read without lease or wait: `T` is taken at least as late as every stamp written, and each
+//! record, including one an operation stopped in its window left half done, counts by the
+//! same rule `t_alloc <= T < t_free`.
 
 use crate::clock::{now_ns, precise_ns};
 use crate::v1::*;
@@ -205,6 +211,14 @@ pub struct SnapshotOptions {
     /// Report only blocks allocated after this instant (region-clock ns, exclusive; 0: all):
     /// "born since".
     pub born_after: u64,
+    /// The writer is stopped: the caller has established that no thread of the writing
+    /// process runs from before this call until after it returns (every thread stopped by
+    /// SIGSTOP, ptrace or a cgroup freezer), and will check afterwards that none ran,
+    /// discarding the snapshot if one did. The records are then read as they are: no lease is
+    /// stored (the region may be read-only), nothing is waited for, and an operation frozen
+    /// inside its window counts by what its record says ([`SnapshotMeta::stopped_in_operation`]).
+    /// Takes precedence over `live`; ignored for an exited writer (`live` false).
+    pub frozen: bool,
 }
 
 /// A named snapshot the program took (`heapdump_take_named_snapshot`).
@@ -236,6 +250,12 @@ pub struct SnapshotMeta {
     pub nodes_scanned: u64,
     /// Longest wait for an in-flight operation, ns.
     pub max_wait_ns: u64,
+    /// Taken with [`SnapshotOptions::frozen`]: the records were read as the stopped writer
+    /// left them, without a lease or any wait.
+    pub frozen: bool,
+    /// With `frozen`: thread slots found inside an operation window (stopped in the middle
+    /// of an insert or erase), each resolved from its record.
+    pub stopped_in_operation: u64,
     /// Problems that may make the snapshot inexact.
     pub warnings: Vec<String>,
 }
@@ -506,9 +526,12 @@ impl<'a> Region<'a> {
     pub fn snapshot(&self, opts: &SnapshotOptions, mut visit: impl FnMut(&Block)) -> SnapshotMeta {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
-        let live = opts.live && self.writable;
+        let frozen = opts.live && opts.frozen;
+        let live = opts.live && self.writable && !frozen;
         let t =
-            if live {
+            if frozen {
+                self.frozen_instant(&mut meta)
+            } else if live {
                 // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
                 // the last one stored (at most a tick, and only right after another snapshot).
                 // Bounded: a crafted value in the future is not waited for (20 ms at most).
@@ -628,6 +651,27 @@ impl<'a> Region<'a> {
             true
         });
         meta.nodes_scanned = scanned;
+        if frozen {
+            // Every stamp the target writes once it resumes must be later than `T` (as in the
+            // live protocol, for `--since` this snapshot): the caller checks that it stayed
+            // stopped until after this returns, so wait here until the clock has passed `T`
+            // (at most a tick; bounded against a crafted `named_floor` in the future).
+            let mut passed = false;
+            for _ in 0..100 {
+                if now_ns() > t {
+                    passed = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            if !passed {
+                meta.warnings.push(format!(
+                    "the region's clock did not pass the snapshot's instant {t} ns (named \
+                     snapshot floor in the future?): blocks allocated right after it may count \
+                     as born before it"
+                ));
+            }
+        }
         if live {
             let took = now_ns().saturating_sub(t);
             h.lease.store(0, Ordering::SeqCst);
@@ -638,6 +682,50 @@ impl<'a> Region<'a> {
             }
         }
         meta
+    }
+
+    /// The instant `T` of a snapshot of a stopped writer (see [`SnapshotOptions::frozen`]),
+    /// and the count of threads stopped inside an operation window.
+    ///
+    /// Why the records, read as they are, are the blocks live at the instant of the freeze
+    /// (the argument in full is in `ARCHITECTURE.md`, "Snapshots of a stopped target"):
+    ///
+    /// * No writer thread runs from before this call until the caller's check after it, so no
+    ///   record changes during the scan and none is recycled: no lease is needed. The writer's
+    ///   stores were made before its threads stopped; the kernel's stop path and the caller's
+    ///   reading of the thread states order them before ours (plus the fence below).
+    /// * Every stamp the writer wrote was read from the clock before its thread stopped, so it
+    ///   is at most `now` read here — or `named_floor + 1` when a named snapshot made stamps run
+    ///   ahead of the clock in its tick: `T = max(now, named_floor + 1)` is at least every
+    ///   stamp written. `T` is then the freeze: a record counts iff it is published and not
+    ///   freed (`t_alloc <= T < t_free`).
+    /// * An operation stopped inside its window took its stamp and wrote part of its record.
+    ///   An insert is visible only once `t_alloc` holds its stamp, which is stored last: before
+    ///   that the node shows `u64::MAX` (skipped by the seqlock check) or the dead record it
+    ///   replaces (dead at `T`), so the block, whose `malloc` has not returned, is not counted.
+    ///   An erase stores `t_free` in one store, before the block goes back to the allocator:
+    ///   stored, the block is not counted; not stored, it is, and its address cannot have been
+    ///   handed out again meanwhile. Either way the record says what the program could
+    ///   observe at the freeze, by the same rule as every other record.
+    fn frozen_instant(&self, meta: &mut SnapshotMeta) -> u64 {
+        let h = self.header();
+        fence(Ordering::SeqCst);
+        meta.frozen = true;
+        let threads = h
+            .thread_count
+            .load(Ordering::Acquire)
+            .min(self.cap(section::THREADS));
+        let mut in_window = 0u64;
+        self.for_each_slot(threads, |slot| {
+            if slot.op_seq.load(Ordering::Acquire) & 1 == 1 {
+                in_window += 1;
+            }
+        });
+        meta.stopped_in_operation = in_window;
+        // `named_floor` is never u64::MAX in a sound region; a crafted one is clamped below the
+        // post-mortem instant.
+        let floor = h.named_floor.load(Ordering::Acquire);
+        now_ns().max(floor.saturating_add(1)).min(TIME_NONE - 2)
     }
 
     /// The lease word of a writable region (for a signal handler of the collector that must
