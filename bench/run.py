@@ -15,6 +15,10 @@ What it does, in order:
    time, and the median peak RSS. Peers: heapdump (default CFI unwinding; frame pointers only
    with HEAPDUMP_UNWIND=fp; sampled at 512 KiB), heaptrack, jemalloc with and without its
    profiler. Then the thread scaling (throughput at 2 threads / at 1).
+   Then the malloc/free storm (bench/storm.c: 81% malloc/free pairs of 8 B–64 KiB through 16
+   call paths 2–24 frames deep, 10,000 live blocks per thread) against the same peers, with
+   the operation phase's throughput; and bench/phases.c (8 threads allocating 500,000 blocks
+   each without freeing, then freeing them all) for bare glibc and heapdump.
 4. CPython workload (bench/py_workload.py, PYTHONMALLOC=malloc, Debian's /usr/bin/python3):
    baseline vs heapdump (both unwinders) vs heaptrack, same table.
 5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
@@ -287,7 +291,7 @@ def build(cc):
     """Compile the C workloads into target/bench/. Returns {name: path}."""
     os.makedirs(BUILD_DIR, exist_ok=True)
     out = {}
-    for name in ("workload", "hold", "latency", "nop", "graph_hold"):
+    for name in ("workload", "hold", "latency", "nop", "graph_hold", "storm", "phases"):
         src = os.path.join(BENCH_SRC, name + ".c")
         exe = os.path.join(BUILD_DIR, name)
         cmd = [cc] + CFLAGS + ["-o", exe, src]
@@ -921,6 +925,92 @@ def section_python(args, peers):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def throughput_lines(pairs, configs, peer_keys, peers):
+    """Operation-phase throughput per peer and thread count (the workload's own timing, so
+    start-up is not counted), and its ratio to the baseline's: medians over all runs."""
+    def tput(res):
+        m = ELAPSED_RE.search(res.stdout) if res.ok else None
+        if not m:
+            return None
+        t, ops, el = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        return t * ops / el if el > 0 else None
+
+    lines = ["| peer | threads | ops/s (operation phase) | × baseline's |", "|---|---|---|---|"]
+    for cfg, _ in configs:
+        base = [t for k in peer_keys for b, _ in pairs.get((cfg, k), []) for t in [tput(b)] if t]
+        mb = statistics.median(base) if base else None
+        if mb:
+            lines.append(f"| {peers['baseline'].name} | {cfg} | {mb / 1e6:.3f} M | 1.00 |")
+        for k in peer_keys:
+            if k == "baseline" or not peers[k].available:
+                continue
+            xs = [t for _, x in pairs.get((cfg, k), []) for t in [tput(x)] if t]
+            if not xs:
+                lines.append(f"| {peers[k].name} | {cfg} | — | — |")
+                continue
+            m = statistics.median(xs)
+            lines.append(f"| {peers[k].name} | {cfg} | {m / 1e6:.3f} M | "
+                         f"{m / mb:.2f} |" if mb else f"| {peers[k].name} | {cfg} | "
+                         f"{m / 1e6:.3f} M | — |")
+    return lines
+
+
+def section_storm(args, exes, peers, threads, c_keys):
+    """The malloc/free storm (bench/storm.c) at each thread count against every peer."""
+    configs = [(t, [exes["storm"], t, str(args.storm_ops)]) for t in threads]
+    pairs = ab_rounds(configs, c_keys, peers, args, "storm")
+    table, notes = overhead_table(pairs, configs, c_keys, peers)
+    out = [f"## Malloc/free storm (bench/storm.c, {args.storm_ops} ops per thread, 10,000 live "
+           f"blocks per thread, {args.rounds} rounds)", "",
+           "81% malloc/free pairs of 8 B–64 KiB (log-uniform), 2% reallocs, 17% writes, through "
+           "16 call paths 2–24 frames deep. Whole-process CPU and wall as peer / baseline run "
+           "just before it (goal of issue 11: CPU ≤ 1.5× at 1 and 2 threads, full CFI stacks), "
+           "then the operation phase's throughput, which start-up does not count.", ""]
+    out += table + [""] + [f"- {n}" for n in notes] + [""]
+    out += ["### Operation-phase throughput", ""]
+    out += throughput_lines(pairs, configs, c_keys, peers) + [""]
+    return out
+
+
+PHASES_RE = re.compile(r"alloc=([0-9.]+) free=([0-9.]+)")
+
+
+def section_phases(args, exes, peers):
+    """Allocation-only then free-only phases on 8 threads (bench/phases.c)."""
+    keys = ["baseline", "heapdump", "heapdump-sampled"]
+    configs = [("8", [exes["phases"], "8", str(args.phase_blocks)])]
+    pairs = ab_rounds(configs, keys, peers, args, "phases")
+
+    def phase(res, i):
+        m = PHASES_RE.search(res.stdout) if res.ok else None
+        return float(m.group(i)) if m else None
+
+    lines = ["| peer | allocation phase s | free phase s | throughput × baseline's | CPU × |",
+             "|---|---|---|---|---|"]
+    base = [b for k in keys for b, _ in pairs.get(("8", k), []) if b.ok]
+    if base:
+        ba = statistics.median(phase(b, 1) for b in base)
+        bf = statistics.median(phase(b, 2) for b in base)
+        lines.append(f"| {peers['baseline'].name} | {ba:.3f} | {bf:.3f} | 1.00 | 1.00 |")
+        for k in keys[1:]:
+            if not peers[k].available:
+                continue
+            runs = [(b, x) for b, x in pairs.get(("8", k), []) if b.ok and x.ok]
+            if not runs:
+                lines.append(f"| {peers[k].name} | failed | | | |")
+                continue
+            a = statistics.median(phase(x, 1) for _, x in runs)
+            f = statistics.median(phase(x, 2) for _, x in runs)
+            cpu = statistics.median(x.cpu / b.cpu for b, x in runs)
+            lines.append(f"| {peers[k].name} | {a:.3f} | {f:.3f} | {(ba + bf) / (a + f):.2f} | "
+                         f"{cpu:.2f} |")
+    return [f"## Allocation-only phases (bench/phases.c: 8 threads × {args.phase_blocks} blocks "
+            f"of 16–256 B allocated, then all freed; {args.rounds} rounds)", "",
+            "Phase times from the program (first thread starting to last one done), medians; "
+            "throughput = baseline's (allocation + free) time / the peer's. Goal of issue 11: "
+            "≥ 0.6× (0.8×), and no lock shared by all threads on either path.", ""] + lines + [""]
+
+
 def section_snapshot(args, exes):
     """Snapshot speed and memory at --blocks (and 10 M with --big)."""
     sizes = [args.blocks] + ([10_000_000] if args.big and args.blocks != 10_000_000 else [])
@@ -1088,6 +1178,10 @@ def main():
                     help="A/B rounds per peer and thread count (default 5)")
     ap.add_argument("--ops", type=int, default=300000,
                     help="operations per thread of the C workload (default 300000)")
+    ap.add_argument("--storm-ops", type=int, default=2000000,
+                    help="operations per thread of the malloc/free storm (default 2000000)")
+    ap.add_argument("--phase-blocks", type=int, default=500000,
+                    help="blocks per thread of the allocation-only phases (default 500000)")
     ap.add_argument("--threads", default="1,2",
                     help="comma-separated thread counts for the C workload (default 1,2)")
     ap.add_argument("--py-iters", type=int, default=30000,
@@ -1103,8 +1197,8 @@ def main():
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: c, rust, python, snapshot, "
-                         "graph, latency, footprint")
+                    help="comma-separated sections to skip: c, storm, phases, rust, python, "
+                         "snapshot, graph, latency, footprint")
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
@@ -1132,6 +1226,8 @@ def main():
               "jemalloc-prof", "jemalloc-prof-512k"]
     sections = [
         ("c", lambda: section_c(args, exes, peers, threads, c_keys)),
+        ("storm", lambda: section_storm(args, exes, peers, threads, c_keys)),
+        ("phases", lambda: section_phases(args, exes, peers)),
         ("rust", lambda: section_rust(args)),
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),

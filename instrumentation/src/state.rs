@@ -347,6 +347,11 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
     let g = match global() {
         Some(g) => g,
         None => {
+            // Disabled (HEAPDUMP_DISABLE=1, a failed start-up) or another thread is starting
+            // up: a plain load and a jump, no locked instruction on the shared state word.
+            if STATE.load(Ordering::Relaxed) != UNINIT {
+                return None;
+            }
             init();
             global()?
         }

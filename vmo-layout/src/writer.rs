@@ -116,7 +116,18 @@ impl RegionWriter {
         }
         // SAFETY: set from a `&'static Backing`.
         let b = unsafe { &*self.backing };
-        end <= b.backed[kind as usize - 1].load(Ordering::Acquire) || b.grow(self, kind, end)
+        let have = b.backed[kind as usize - 1].load(Ordering::Acquire);
+        if end <= have {
+            // Reserve the next chunk before anyone needs it: a thread that finds the section
+            // close to its reserved end grows it if nobody else is doing so, and goes on
+            // either way; only a thread past the reserved end ever waits.
+            let es = self.sections[kind as usize - 1].entry_size as u64;
+            if (have - end) * es < BACKING_AHEAD {
+                b.grow(self, kind, end, have + BACKING_AHEAD / es.max(1), false);
+            }
+            return true;
+        }
+        b.grow(self, kind, end, end, true)
     }
 
     /// Writes the start-up warnings (`text`: lines ending in `\n`; truncated to
@@ -788,6 +799,9 @@ pub struct Backing {
 
 const BACKING_MIN_CHUNK: u64 = 64 << 10;
 const BACKING_MAX_CHUNK: u64 = 1 << 20;
+/// Growing ahead starts when fewer than this many bytes of a section's reserved storage are
+/// left beyond what is in use.
+const BACKING_AHEAD: u64 = 512 << 10;
 
 impl Default for Backing {
     fn default() -> Self {
@@ -826,25 +840,46 @@ impl Backing {
         r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
     }
 
+    /// Reserves storage for the entries of section `kind` up to at least `need` (the caller
+    /// needs `[0, need)`), and up to `want` if it can.
+    ///
+    /// `wait`: the caller cannot go on without `need` — it waits for a grower holding the lock
+    /// (yielding the CPU: on a machine with more threads than cores, spinning would starve the
+    /// grower). Otherwise (growing ahead) it gives up at once when another thread holds it.
+    /// Returns whether `[0, need)` has storage.
     #[cold]
-    fn grow(&self, w: &RegionWriter, kind: u32, end: u64) -> bool {
+    #[inline(never)]
+    fn grow(&self, w: &RegionWriter, kind: u32, need: u64, want: u64, wait: bool) -> bool {
         let i = kind as usize - 1;
         let sec = &w.sections[i];
-        if end > sec.capacity {
+        if need > sec.capacity {
             return false;
         }
+        let want = want.clamp(need, sec.capacity);
         if now_ns() < self.retry_at.load(Ordering::Relaxed) {
-            return false;
+            return need <= self.backed[i].load(Ordering::Acquire);
         }
+        let mut spins = 0u32;
         while self
             .lock
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            std::hint::spin_loop();
+            if !wait {
+                return need <= self.backed[i].load(Ordering::Acquire);
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // SAFETY: sched_yield has no preconditions and does not touch errno on
+                // success (it cannot fail on Linux).
+                unsafe { libc::sched_yield() };
+            }
         }
         let saved_errno = errno();
         let mut ok = true;
+        let end = want;
         while ok && self.backed[i].load(Ordering::Relaxed) < end {
             let have = self.backed[i].load(Ordering::Relaxed);
             let es = sec.entry_size as u64;
@@ -877,7 +912,7 @@ impl Backing {
         }
         set_errno(saved_errno);
         self.lock.store(false, Ordering::Release);
-        ok
+        need <= self.backed[i].load(Ordering::Acquire)
     }
 
     fn populate_entries(&self, w: &RegionWriter, kind: u32, from: u64, to: u64) -> bool {
