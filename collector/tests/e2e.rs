@@ -417,6 +417,9 @@ fn rust_global_allocator_without_frame_pointers() {
     // CFI unwinding from the recorder's own registers still finds every allocating function.
     let target = target_dir().parent().unwrap().join("nofp");
     let st = Command::new(env!("CARGO"))
+        // Not the test's stdin: rustc's probe reads from a pipe cargo gives it, and a build
+        // started with an odd stdin once failed with "couldn't read from stdin".
+        .stdin(std::process::Stdio::null())
         .args([
             "build",
             "--release",

@@ -118,6 +118,9 @@ fn rust_at_debug_level(level: &str) {
         .unwrap()
         .join(format!("debug-{level}"));
     let st = Command::new(env!("CARGO"))
+        // Not the test's stdin: rustc's probe reads from a pipe cargo gives it, and a build
+        // started with an odd stdin once failed with "couldn't read from stdin".
+        .stdin(std::process::Stdio::null())
         .args(["build", "--release", "-q", "-p", "rust-alloc-example"])
         .args(["--bin", "rust-alloc-example"])
         .current_dir(root())
