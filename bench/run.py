@@ -1168,6 +1168,134 @@ def section_rust(args):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def section_threads(args):
+    """Snapshots of a busy and of a stopped many-threaded target (issue 13): the same 160,000
+    live blocks held by 2 and by 32 churning threads, the collector privileged (root or
+    CAP_SYS_NICE: it runs at nice -10 while it holds the lease) and not (CAP_SYS_NICE dropped
+    with setpriv), and the 32 threads stopped with SIGSTOP (read without waiting)."""
+    src = os.path.join(REPO, "examples", "c", "churn.c")
+    exe = os.path.join(BUILD_DIR, "churn")
+    r = subprocess.run([args.cc] + CFLAGS + ["-o", exe, src], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"build of {src} failed: {_tail(r.stderr)}")
+    live, size, shots = 160_000, 48, max(5, 2 * args.rounds)
+    setpriv = shutil.which("setpriv")
+    unpriv = ([setpriv, "--inh-caps=-sys_nice", "--bounding-set=-sys_nice"]
+              if setpriv and os.geteuid() == 0 else None)
+
+    go = shutil.which("go")
+
+    def lease_s(profile):
+        """The lease time from the profile's comments (`go tool pprof -comments`), or None."""
+        if not go:
+            return None
+        r = subprocess.run([go, "tool", "pprof", "-comments", profile], capture_output=True,
+                           text=True)
+        m = re.search(r"lease held (\d+) ns", r.stdout)
+        return int(m.group(1)) / 1e9 if m else None
+
+    def snapshots(pid, tmp, env, wrap):
+        """`shots` snapshots back to back: (wall s list, collector CPU s list, gave up, lease s
+        list)."""
+        walls, cpus, gave_up, leases = [], [], 0, []
+        for i in range(shots):
+            out = os.path.join(tmp, f"s{i}.pb.gz")
+            t0 = time.perf_counter()
+            p = subprocess.Popen(wrap + [HEAPDUMP, "snapshot", "--by-pid", str(pid), "-o", out],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            err = p.stderr.read().decode(errors="replace")
+            _, status, ru = os.wait4(p.pid, 0)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(ru.ru_utime + ru.ru_stime)
+            if status != 0:
+                raise RuntimeError(f"snapshot of pid {pid} failed: {_tail(err)}")
+            gave_up += "may be missing" in err
+            held = lease_s(out)
+            if held is not None:
+                leases.append(held)
+            os.unlink(out)
+        return walls, cpus, gave_up, leases
+
+    def med(v):
+        return statistics.median(v) if v else float("nan")
+
+    rows, medians = [], {}
+    # With autogroup scheduling (sched_autogroup_enabled), CPU time is first shared between
+    # sessions: a target in the collector's own session competes thread for thread with it (the
+    # hard case), one in a session of its own (a daemon) gets half the machine as a group.
+    for own, threads in ((False, 2), (False, 32), (True, 2), (True, 32)):
+        tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+        env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+        cenv = env_without_preload(env)
+        p = subprocess.Popen([exe, str(threads), str(live // threads), str(size)], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=own)
+        session = "own" if own else "collector's"
+        try:
+            line = p.stdout.readline().decode()
+            if not line.startswith("ready "):
+                raise RuntimeError(f"churn {threads}: unexpected output {line!r}")
+            time.sleep(0.5)
+            modes = [("privileged", [])] + ([("unprivileged", unpriv)] if unpriv else [])
+            for mode, wrap in modes:
+                log(f"threads: {threads} threads in the {session} session, {mode}")
+                w, c, g, held = snapshots(p.pid, tmp, cenv, wrap)
+                medians[(own, threads, mode)] = med(w)
+                medians[(own, threads, mode, "lease")] = med(held)
+                rows.append(f"| {session} | {threads} × {live // threads} | {mode} | {med(w):.3f} | "
+                            f"{max(w):.3f} | {med(held):.3f} | {max(held, default=0):.3f} | "
+                            f"{med(c):.3f} | {g}/{shots} |")
+            if threads == 32:
+                os.kill(p.pid, signal.SIGSTOP)
+                time.sleep(0.2)
+                log(f"threads: 32 threads in the {session} session, stopped")
+                w, c, g, _ = snapshots(p.pid, tmp, cenv, [])
+                os.kill(p.pid, signal.SIGCONT)
+                medians[(own, threads, "stopped")] = med(w)
+                rows.append(f"| {session} | {threads} × {live // threads} | stopped (SIGSTOP) | "
+                            f"{med(w):.3f} | {max(w):.3f} | none | none | {med(c):.3f} | "
+                            f"{g}/{shots} |")
+        finally:
+            p.stdin.close()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
+    notes = []
+    for own in (False, True):
+        session = "own" if own else "collector's"
+        for mode in ("privileged", "unprivileged"):
+            if (own, 32, mode) in medians and (own, 2, mode) in medians:
+                lease = (medians[(own, 32, mode, "lease")] /
+                         medians[(own, 2, mode, "lease")])
+                notes.append(f"target in the {session} session, {mode}: 32 threads / 2 threads "
+                             f"= {medians[(own, 32, mode)] / medians[(own, 2, mode)]:.1f}× for "
+                             f"the whole command (goal ≤ 2×), {lease:.1f}× for the lease")
+        if (own, 32, "stopped") in medians:
+            notes.append(f"target in the {session} session, stopped, 32 threads: median "
+                         f"{medians[(own, 32, 'stopped')]:.3f} s for the whole command (goal ≤ "
+                         "0.1 s); stopped / 2 threads running = "
+                         f"{medians[(own, 32, 'stopped')] / medians[(own, 2, 'privileged')]:.1f}×")
+    if not unpriv:
+        notes.append("unprivileged runs skipped: needs root and setpriv to drop CAP_SYS_NICE")
+    out = [f"## Snapshots of many threads (examples/c/churn.c: {live} live {size} B blocks "
+           "replaced at full speed)", "",
+           f"{shots} `heapdump snapshot` runs back to back against one live process; wall time "
+           "of the whole command (snapshot, symbolization, profile) and the collector's CPU time "
+           "(wait4). Privileged: root (the collector raises its thread to nice -10 while it "
+           "holds the lease); unprivileged: the same with CAP_SYS_NICE dropped (setpriv), at "
+           "nice 0. Lease = how long the target could not recycle records (from the profile's "
+           "comments, with `go tool pprof`). \"gave up\" = snapshots that warned of operations "
+           "in flight given up on.",
+           "Target's session: the collector's own (same autogroup: it competes with each of "
+           "the target's threads) or one of its own (a daemon's case).",
+           "", "| target's session | threads × blocks | collector | median s | max s | lease "
+           "median s | lease max s | CPU s | gave up |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    return out + rows + [""] + [f"- {n}" for n in notes] + [""]
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="heapdump benchmark harness: overhead against heaptrack and jemalloc's "
@@ -1198,7 +1326,7 @@ def main():
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, storm, phases, rust, python, "
-                         "snapshot, graph, latency, footprint")
+                         "snapshot, graph, threads, latency, footprint")
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
@@ -1232,6 +1360,7 @@ def main():
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),
         ("graph", lambda: section_graph(args, exes)),
+        ("threads", lambda: section_threads(args)),
         ("latency", lambda: section_latency(args, exes)),
         ("footprint", lambda: section_footprint(args, exes)),
     ]

@@ -250,6 +250,9 @@ pub struct SnapshotMeta {
     pub nodes_scanned: u64,
     /// Longest wait for an in-flight operation, ns.
     pub max_wait_ns: u64,
+    /// How long the lease was held (from storing it to clearing it, the scan included), ns:
+    /// the time the writer could not recycle records. 0 without a lease.
+    pub lease_ns: u64,
     /// Taken with [`SnapshotOptions::frozen`]: the records were read as the stopped writer
     /// left them, without a lease or any wait.
     pub frozen: bool,
@@ -526,6 +529,7 @@ impl<'a> Region<'a> {
     pub fn snapshot(&self, opts: &SnapshotOptions, mut visit: impl FnMut(&Block)) -> SnapshotMeta {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
+        let mut leased_at = 0;
         let frozen = opts.live && opts.frozen;
         let live = opts.live && self.writable && !frozen;
         let t =
@@ -549,6 +553,7 @@ impl<'a> Region<'a> {
                 h.lease_start_ticks
                     .store(opts.lease_start_ticks, Ordering::SeqCst);
                 h.lease.store(lease, Ordering::SeqCst);
+                leased_at = precise_ns();
                 let t = now_ns();
                 // Every clock reading taken after this loop is strictly greater than T. The clock
                 // ticks every 1–4 ms: sleep rather than spin.
@@ -675,6 +680,7 @@ impl<'a> Region<'a> {
         if live {
             let took = now_ns().saturating_sub(t);
             h.lease.store(0, Ordering::SeqCst);
+            meta.lease_ns = precise_ns().saturating_sub(leased_at);
             if took + 1_000_000_000 > LEASE_NS {
                 meta.warnings.push(format!(
                     "snapshot took {took} ns, near the {LEASE_NS} ns lease: blocks may be missing"
