@@ -1,8 +1,10 @@
 //! Command-line parsing (clap derive), converted into plain structs the commands take.
 
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// heapdump: a heap profiler for Linux. Records every live allocation of a program into shared
 /// memory (via LD_PRELOAD or a Rust #[global_allocator]) and snapshots it, from outside and
@@ -45,6 +47,10 @@ pub enum Command {
     /// snapshot (`.heapsnapshot`) or a pprof profile of its live blocks (`.pb.gz`); or a pprof
     /// profile (`.pb.gz`) into a flame graph (`.svg`).
     Convert(ConvertArgs),
+    /// Snapshot processes every interval (aligned to it) into DIR/NAME-PID-TIME.pb.gz and/or
+    /// push each profile to a profiling server (Grafana Pyroscope), until stopped (SIGINT,
+    /// SIGTERM) or --count snapshots.
+    Watch(WatchArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
@@ -189,7 +195,7 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["by_pid", "by_name", "region", "multi_process"])))]
 #[command(
-    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.pb.gz --contents-dir blocks/ --with-strings\n  go tool pprof -tags s.pb.gz                      # the string labels"
+    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.pb.gz --contents-dir blocks/ --with-strings\n  go tool pprof -tags s.pb.gz                      # the string labels\n  heapdump snapshot --by-pid 1234 --push http://pyroscope:4040 --label env=prod"
 )]
 pub struct SnapshotArgs {
     /// Process id of the target (its current image's region).
@@ -214,9 +220,10 @@ pub struct SnapshotArgs {
     #[arg(long, value_name = "PID", requires = "multi_process")]
     pub tree: Option<u32>,
     /// Output file: a gzip-compressed pprof profile, or an interactive SVG flame graph when
-    /// its name ends in `.svg` (or with --format svg); `-` is standard output.
-    #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
+    /// its name ends in `.svg` (or with --format svg); `-` is standard output. Optional with
+    /// --push.
+    #[arg(short, long, value_name = "FILE", required_unless_present = "push")]
+    pub output: Option<PathBuf>,
     /// What to write, instead of guessing from the output's name.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub format: Option<FormatArg>,
@@ -268,6 +275,9 @@ pub struct SnapshotArgs {
     /// since counts as new: blocks are told apart by (address, allocation time).
     #[arg(long, value_name = "SPEC", conflicts_with = "multi_process")]
     pub since: Option<String>,
+    /// Where to send the profile, besides -o.
+    #[command(flatten)]
+    pub push: PushArgs,
 }
 
 /// Parses a byte count: decimal digits, optionally followed by `K`, `M` or `G` (powers of
@@ -382,8 +392,8 @@ pub struct Selection {
 pub struct SnapshotProps {
     /// Which region(s).
     pub target: Target,
-    /// Output path.
-    pub output: PathBuf,
+    /// Output path (`None`: only pushed).
+    pub output: Option<PathBuf>,
     /// What to write.
     pub format: crate::pprof::Format,
     /// The sample type to show (`None`: the profile's default, inuse_space).
@@ -401,6 +411,8 @@ pub struct SnapshotProps {
     pub named: Option<String>,
     /// `--since`.
     pub since: Option<String>,
+    /// `--push`: where to send the profile too.
+    pub push: Option<PushProps>,
 }
 
 impl TryFrom<SnapshotArgs> for SnapshotProps {
@@ -409,7 +421,28 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
     /// Errors: options that do not go together (several --by-name without --multi-process,
     /// --with-tags with a flame graph).
     fn try_from(a: SnapshotArgs) -> anyhow::Result<Self> {
-        let format = output_format(a.format, &a.output);
+        let format = match &a.output {
+            Some(o) => output_format(a.format, o),
+            None => crate::pprof::Format::Pprof,
+        };
+        let push = PushProps::from_args(a.push)?;
+        if push.is_some() {
+            if a.multi_process {
+                bail!(
+                    "--push sends one profile per process, labelled with its name and pid: \
+                     for several processes use `heapdump watch --multi-process --count 1 --push URL`"
+                );
+            }
+            if a.with_tags || a.with_strings {
+                bail!(
+                    "--push sends profiles aggregated by stack (servers limit the number of \
+                     samples): leave out --with-tags and --with-strings"
+                );
+            }
+            if format == crate::pprof::Format::Svg {
+                bail!("--push sends a pprof profile: write the flame graph in another run");
+            }
+        }
         let target = if a.multi_process {
             Target::Many(Selection {
                 names: a.by_name,
@@ -463,6 +496,256 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
             contents,
             named: a.named,
             since: a.since,
+            push,
+        })
+    }
+}
+
+/// `--push` and its options (`snapshot`, `watch`).
+#[derive(Debug, Args, Clone)]
+pub struct PushArgs {
+    /// Send each profile to this profiling server: Grafana Pyroscope's base URL
+    /// (`http://HOST:4040`; the Connect call `POST URL/push.v1.PusherService/Push`).
+    #[arg(long, value_name = "URL")]
+    pub push: Option<String>,
+    /// The server's API (default: pyroscope, for http:// and https:// URLs).
+    #[arg(long, value_enum, value_name = "FORMAT", requires = "push")]
+    pub push_format: Option<PushFormat>,
+    /// A label sent with every profile (repeatable), e.g. `--label env=prod`; overrides the
+    /// default `service_name` (the process name), `hostname` and `pid`. Names: letters, digits
+    /// and `_`, not starting with a digit; `__name__` and `__delta__` are heapdump's.
+    #[arg(long = "label", value_name = "KEY=VALUE", requires = "push", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// A file holding a bearer token (`Authorization: Bearer TOKEN`; surrounding whitespace
+    /// ignored).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "HEAPDUMP_PUSH_BEARER_TOKEN_FILE",
+        conflicts_with = "basic_auth_file"
+    )]
+    pub bearer_token_file: Option<PathBuf>,
+    /// A file holding `USER:PASSWORD` on its first line (HTTP Basic authentication, as Grafana
+    /// Cloud's numeric user id and token).
+    #[arg(long, value_name = "FILE", env = "HEAPDUMP_PUSH_BASIC_AUTH_FILE")]
+    pub basic_auth_file: Option<PathBuf>,
+    /// The tenant of a multi-tenant server (header `X-Scope-OrgID`).
+    #[arg(long, value_name = "ID", env = "HEAPDUMP_PUSH_TENANT")]
+    pub tenant: Option<String>,
+    /// Longest time one push may take, connection included.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub push_timeout: Duration,
+}
+
+/// `--push-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PushFormat {
+    /// Grafana Pyroscope: Connect `push.v1.PusherService/Push` over HTTP/1.1.
+    Pyroscope,
+}
+
+/// Parses `KEY=VALUE` (a label name as Prometheus spells them: `[A-Za-z_][A-Za-z0-9_]*`).
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: a label is KEY=VALUE"))?;
+    let ok = k
+        .bytes()
+        .enumerate()
+        .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+    if k.is_empty() || !ok {
+        return Err(format!(
+            "{k:?}: a label name is letters, digits and _, not starting with a digit"
+        ));
+    }
+    if k == "__name__" || k == "__delta__" {
+        return Err(format!("{k} is set by heapdump (memory, false)"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Where and how to push profiles.
+#[derive(Debug, Clone)]
+pub struct PushProps {
+    /// The server's base URL, without a trailing `/`.
+    pub url: String,
+    /// The user's labels (`--label`), in order.
+    pub labels: Vec<(String, String)>,
+    /// `Authorization` header value, if any (`Bearer …` or `Basic …`).
+    pub authorization: Option<String>,
+    /// `X-Scope-OrgID`.
+    pub tenant: Option<String>,
+    /// Longest time per push.
+    pub timeout: Duration,
+}
+
+impl PushProps {
+    /// `None` without `--push`.
+    ///
+    /// Errors: a URL that is not http(s), an unreadable or empty credentials file, a basic
+    /// auth file without `USER:PASSWORD`.
+    pub fn from_args(a: PushArgs) -> anyhow::Result<Option<PushProps>> {
+        use anyhow::Context;
+        let Some(url) = a.push else { return Ok(None) };
+        let PushFormat::Pyroscope = a.push_format.unwrap_or(PushFormat::Pyroscope);
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("--push {url}: Pyroscope is reached over http:// or https://");
+        }
+        let read = |f: &PathBuf, what: &str| -> anyhow::Result<String> {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the {what} file {}", f.display()))?;
+            let t = t.lines().next().unwrap_or("").trim().to_owned();
+            if t.is_empty() {
+                bail!("the {what} file {} is empty", f.display());
+            }
+            Ok(t)
+        };
+        let authorization = match (&a.bearer_token_file, &a.basic_auth_file) {
+            (Some(f), _) => Some(format!("Bearer {}", read(f, "bearer token")?)),
+            (None, Some(f)) => {
+                let up = read(f, "basic auth")?;
+                if !up.contains(':') {
+                    bail!(
+                        "the basic auth file {} must hold USER:PASSWORD",
+                        f.display()
+                    );
+                }
+                Some(format!("Basic {}", crate::push::base64(up.as_bytes())))
+            }
+            (None, None) => None,
+        };
+        Ok(Some(PushProps {
+            url: url.trim_end_matches('/').to_owned(),
+            labels: a.labels,
+            authorization,
+            tenant: a.tenant.filter(|t| !t.is_empty()),
+            timeout: a.push_timeout,
+        }))
+    }
+}
+
+/// `heapdump watch`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["by_pid", "by_name", "multi_process"])))]
+#[command(
+    after_help = "Snapshots are taken at multiples of --every (wall clock: --every 30s takes \
+them at :00 and :30 of each minute), one after the other, never two at once; when a round takes \
+longer than --every, the beats it overlapped are skipped with one warning line. Each process's \
+profile is written to DIR/NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz (the beat's UTC time) through a \
+temporary file in DIR. SIGINT or SIGTERM ends the watch after the current file (a second one \
+ends it at once); it then prints its own CPU time and peak memory.\n\nExamples:\n  heapdump \
+watch --by-pid 1234 --every 30s -o heap/ --keep 100\n  heapdump watch --by-name server --every \
+1m --push http://pyroscope:4040 --label env=prod\n  heapdump watch --multi-process --every 60s \
+--push https://profiles.example.com --basic-auth-file /etc/heapdump/auth"
+)]
+pub struct WatchArgs {
+    /// Process id of the target; the watch ends when it exits.
+    #[arg(long, value_name = "PID", conflicts_with_all = ["by_name", "multi_process"])]
+    pub by_pid: Option<u32>,
+    /// Every running process of this name (argv[0]'s or the executable's file name); may be
+    /// given several times. Processes that start later are picked up at the next beat, those
+    /// that exit are reported once and dropped.
+    #[arg(long, value_name = "NAME", action = clap::ArgAction::Append)]
+    pub by_name: Vec<String>,
+    /// Every running instrumented process of this user (or those --by-name/--tree select),
+    /// each into its own files; processes are followed as with --by-name.
+    #[arg(long)]
+    pub multi_process: bool,
+    /// With --multi-process: only process PID and its descendants.
+    #[arg(long, value_name = "PID", requires = "multi_process")]
+    pub tree: Option<u32>,
+    /// Interval between snapshots (`30s`, `1m`, `1h 30m`; at least 1s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub every: Duration,
+    /// Stop after this many beats (default: until SIGINT or SIGTERM).
+    #[arg(long, value_name = "K")]
+    pub count: Option<u64>,
+    /// Directory for the profiles (created mode 0700 if missing). Default: the current
+    /// directory, or none when --push is given.
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Keep only the newest N files of each process in DIR (older ones are removed after each
+    /// new one is written).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
+    /// Do not symbolize (pprof can still symbolize from the mappings' files and build IDs;
+    /// Pyroscope cannot).
+    #[arg(long)]
+    pub no_symbolize: bool,
+    /// Longest wait, in seconds, for another snapshot of the same region to finish.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub lock_timeout: f64,
+    /// Where to send the profiles, besides -o.
+    #[command(flatten)]
+    pub push: PushArgs,
+}
+
+/// Which processes `watch` follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchTarget {
+    /// One process, until it exits.
+    Pid(u32),
+    /// Every running process selected, as they come and go.
+    Many(Selection),
+}
+
+/// What `heapdump watch` does.
+#[derive(Debug, Clone)]
+pub struct WatchProps {
+    /// The processes.
+    pub target: WatchTarget,
+    /// The interval (≥ 1 s).
+    pub every: Duration,
+    /// Number of beats, if bounded.
+    pub count: Option<u64>,
+    /// Directory for the files (`None`: push only).
+    pub dir: Option<PathBuf>,
+    /// Files kept per process.
+    pub keep: Option<u64>,
+    /// Symbolize in the collector.
+    pub symbolize: bool,
+    /// Longest wait for another collector's lock on a region.
+    pub lock_timeout: Duration,
+    /// Where to push.
+    pub push: Option<PushProps>,
+}
+
+impl TryFrom<WatchArgs> for WatchProps {
+    type Error = anyhow::Error;
+
+    /// Errors: --every under 1 s, --keep without a directory, bad --push options.
+    fn try_from(a: WatchArgs) -> anyhow::Result<Self> {
+        if a.every < Duration::from_secs(1) {
+            bail!(
+                "--every {}: the interval is at least 1s",
+                humantime::format_duration(a.every)
+            );
+        }
+        let push = PushProps::from_args(a.push)?;
+        let dir = match (a.output, &push) {
+            (Some(d), _) => Some(d),
+            (None, None) => Some(PathBuf::from(".")),
+            (None, Some(_)) => None,
+        };
+        if a.keep.is_some() && dir.is_none() {
+            bail!("--keep N keeps the newest files of -o DIR: give -o DIR");
+        }
+        let target = match a.by_pid {
+            Some(p) => WatchTarget::Pid(p),
+            None => WatchTarget::Many(Selection {
+                names: a.by_name,
+                tree: a.tree,
+            }),
+        };
+        Ok(WatchProps {
+            target,
+            every: a.every,
+            count: a.count,
+            dir,
+            keep: a.keep,
+            symbolize: !a.no_symbolize,
+            lock_timeout: Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
+            push,
         })
     }
 }

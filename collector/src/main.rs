@@ -3,7 +3,8 @@
 //! Modules: [`cli`] (argument parsing), [`regions`] (finding and opening region files safely),
 //! [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym), [`pprof`] (profile
 //! building, merging and writing), [`multi`] (several processes into one profile), [`flame`]
-//! (SVG flame graphs), [`contents`] (block contents: `--contents-dir`, `--with-strings`).
+//! (SVG flame graphs), [`contents`] (block contents: `--contents-dir`, `--with-strings`),
+//! [`watch`] (snapshots every interval), [`push`] (sending profiles to Pyroscope).
 
 mod cli;
 mod contents;
@@ -15,9 +16,11 @@ mod moments;
 mod multi;
 mod pprof;
 mod priority;
+mod push;
 mod regions;
 mod snapshot;
 mod symbolize;
+mod watch;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -44,6 +47,7 @@ fn main() {
         Command::Snapshot(a) => SnapshotProps::try_from(a).and_then(snapshot),
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
+        Command::Watch(a) => cli::WatchProps::try_from(a).and_then(|w| watch::watch(&w)),
         Command::Leaks(a) => leaks(a),
         Command::Retainers(a) => retainers(a),
         Command::Graph(a) => graph_cmd(a),
@@ -453,29 +457,46 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
             pprof::add_comment(&mut profile, &line);
         }
     }
-    stage(&format!(
-        "writing {}{}",
-        p.output.display(),
-        if per_block {
-            " (one sample per block)"
-        } else {
-            ""
-        }
-    ));
-    pprof::write_as(
-        &mut profile,
-        blocks.as_ref().as_slice(),
-        &p.output,
-        p.format,
-        p.sample_index,
-        &format!("pid {} ({})", c.info.pid, regions::command_name(&c.info)),
-    )?;
+    if let Some(output) = &p.output {
+        stage(&format!(
+            "writing {}{}",
+            output.display(),
+            if per_block {
+                " (one sample per block)"
+            } else {
+                ""
+            }
+        ));
+        pprof::write_as(
+            &mut profile,
+            blocks.as_ref().as_slice(),
+            output,
+            p.format,
+            p.sample_index,
+            &format!("pid {} ({})", c.info.pid, regions::command_name(&c.info)),
+        )?;
+    }
+    let mut sent = String::new();
+    if let Some(push) = &p.push {
+        stage(&format!("pushing to {}", push.url));
+        let name = regions::command_name(&c.info);
+        let gz = pprof::encode_gz(&profile)?;
+        let client = push::Client::new(push);
+        let item = client.item(&name, c.info.pid, &gz);
+        client
+            .send(&item)
+            .map_err(|e| anyhow::anyhow!("{}", e.text))?;
+        sent = format!("pushed to {}", push.url);
+    }
     let what = match (&p.named, &p.since) {
         (Some(n), None) => format!(" at named snapshot {n:?}"),
         (None, Some(s)) => format!(" born since {s}"),
         (Some(n), Some(s)) => format!(" at named snapshot {n:?}, born since {s}"),
         (None, None) => String::new(),
     };
+    let dest: Vec<String> = (p.output.iter().map(|o| o.display().to_string()))
+        .chain((!sent.is_empty()).then_some(sent))
+        .collect();
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes{what} -> {}",
         c.info.pid,
@@ -483,7 +504,7 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         liveness.as_str(),
         c.meta.blocks,
         c.meta.bytes,
-        p.output.display()
+        dest.join(", ")
     );
     Ok(())
 }

@@ -21,24 +21,10 @@ use anyhow::{bail, Result};
 /// Errors: `--tree PID` names no running process; no running process matches; none of those
 /// that match could be snapshotted; the output cannot be written.
 pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
-    let tree = sel.tree.map(regions::process_tree).transpose()?;
-    let me = std::process::id();
-    let entries = crate::scan()?;
-    let mut chosen: Vec<&Entry> = entries
-        .iter()
-        .filter(|e| e.liveness == Liveness::Alive && e.file.pid != me)
-        .filter(|e| match &tree {
-            Some(t) => t.binary_search(&e.file.pid).is_ok(),
-            None => true,
-        })
-        .filter(|e| {
-            sel.names.is_empty()
-                || e.info
-                    .as_ref()
-                    .is_some_and(|i| sel.names.iter().any(|n| regions::matches_name(i, n)))
-        })
-        .collect();
-    chosen.sort_by_key(|e| e.file.pid);
+    let Some(output) = &p.output else {
+        bail!("--multi-process writes one profile: give -o FILE");
+    };
+    let chosen = select(sel)?;
     if chosen.is_empty() {
         let mut what = Vec::new();
         if !sel.names.is_empty() {
@@ -64,7 +50,7 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
             .as_ref()
             .map(regions::command_name)
             .unwrap_or_default();
-        match one(e, p) {
+        match one(e, p.with_tags, p.lock_timeout) {
             Ok(c) => {
                 for w in &c.meta.warnings {
                     eprintln!("heapdump: pid {} ({name}): warning: {w}", e.file.pid);
@@ -125,7 +111,7 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
     pprof::write_as(
         &mut merged,
         &per_block,
-        &p.output,
+        output,
         p.format,
         p.sample_index,
         &format!("{} processes", parts.len()),
@@ -138,15 +124,46 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
         } else {
             format!(" ({} skipped)", skipped.len())
         },
-        p.output.display()
+        output.display()
     );
     Ok(())
 }
 
-/// The snapshot of one process (as `heapdump snapshot --by-pid` takes it).
+/// The running instrumented processes that `sel` selects (this user's region directory;
+/// never this collector itself), in pid order; possibly none.
 ///
-/// Errors: the process is no longer running this image, or its snapshot fails.
-fn one(e: &Entry, p: &SnapshotProps) -> Result<crate::snapshot::Collected> {
+/// Errors: `--tree PID` names no running process; the region directory cannot be read.
+pub fn select(sel: &Selection) -> Result<Vec<Entry>> {
+    let tree = sel.tree.map(regions::process_tree).transpose()?;
+    let me = std::process::id();
+    let mut chosen: Vec<Entry> = crate::scan()?
+        .into_iter()
+        .filter(|e| e.liveness == Liveness::Alive && e.file.pid != me)
+        .filter(|e| match &tree {
+            Some(t) => t.binary_search(&e.file.pid).is_ok(),
+            None => true,
+        })
+        .filter(|e| {
+            sel.names.is_empty()
+                || e.info
+                    .as_ref()
+                    .is_some_and(|i| sel.names.iter().any(|n| regions::matches_name(i, n)))
+        })
+        .collect();
+    chosen.sort_by_key(|e| e.file.pid);
+    Ok(chosen)
+}
+
+/// The snapshot of one process (as `heapdump snapshot --by-pid` takes it), with every live
+/// block when `with_blocks`; waits at most `lock_timeout` for another collector's lock.
+///
+/// Errors: the process is no longer running this image ("exited before its snapshot"), or
+/// its snapshot fails.
+pub fn one(
+    e: &Entry,
+    with_blocks: bool,
+    lock_timeout: std::time::Duration,
+) -> Result<crate::snapshot::Collected> {
     let opened = regions::open(&e.file.path)?;
     let info = opened.region()?.info();
     let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
@@ -154,5 +171,5 @@ fn one(e: &Entry, p: &SnapshotProps) -> Result<crate::snapshot::Collected> {
     if liveness != Liveness::Alive {
         bail!("exited before its snapshot");
     }
-    crate::snapshot::collect(&opened, liveness, p.with_tags, p.lock_timeout)
+    crate::snapshot::collect(&opened, liveness, with_blocks, lock_timeout)
 }

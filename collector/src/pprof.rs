@@ -554,6 +554,16 @@ pub fn write_parts(
     blocks: &[&BlockSamples<'_>],
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
+    write_with(path, |out| encode_parts(p, blocks, out))
+}
+
+/// Encodes `p` and the per-block samples gzip-compressed into `out` (what [`write_parts`]
+/// writes).
+fn encode_parts(
+    p: &pb::Profile,
+    blocks: &[&BlockSamples<'_>],
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     use std::io::Write;
     // Large per-block profiles favour speed over size.
     let level = if blocks.iter().map(|b| b.blocks.len()).sum::<usize>() > 100_000 {
@@ -561,21 +571,28 @@ pub fn write_parts(
     } else {
         flate2::Compression::default()
     };
-    let encode = |out: &mut dyn Write| -> std::io::Result<()> {
-        use prost::Message;
-        let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(out), level);
-        gz.write_all(&p.encode_to_vec())?;
-        for b in blocks {
-            let mut buf = Vec::with_capacity(5 << 20);
-            b.encode(&mut buf, |buf| {
-                gz.write_all(buf)?;
-                buf.clear();
-                Ok(())
-            })?;
-        }
-        gz.finish()?.flush()
-    };
-    write_with(path, encode)
+    use prost::Message;
+    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(out), level);
+    gz.write_all(&p.encode_to_vec())?;
+    for b in blocks {
+        let mut buf = Vec::with_capacity(5 << 20);
+        b.encode(&mut buf, |buf| {
+            gz.write_all(buf)?;
+            buf.clear();
+            Ok(())
+        })?;
+    }
+    gz.finish()?.flush()
+}
+
+/// `p` as the bytes of a gzip-compressed pprof file (what [`write`] writes without per-block
+/// samples).
+///
+/// Errors: none in practice (compression into memory); reported as I/O errors.
+pub fn encode_gz(p: &pb::Profile) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_parts(p, &[], &mut out)?;
+    Ok(out)
 }
 
 /// Writes `bytes` to `path` as [`write_with`] does.

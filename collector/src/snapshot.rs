@@ -398,7 +398,9 @@ mod lease {
 
     impl Guard {
         /// Publishes `lease` to the signal handler and installs it for SIGTERM, SIGINT and
-        /// SIGHUP (signals already ignored stay ignored).
+        /// SIGHUP where they still have their default action: signals already ignored stay
+        /// ignored, and those the collector handles itself stay handled (`watch`'s handler
+        /// only asks it to stop after the snapshot, which then releases the lease as usual).
         pub fn arm(lease: &AtomicU64) -> Guard {
             LEASE.store(
                 lease as *const AtomicU64 as *mut AtomicU64,
@@ -409,7 +411,9 @@ mod lease {
                 unsafe {
                     let mut old: libc::sigaction = std::mem::zeroed();
                     libc::sigaction(sig, std::ptr::null(), &mut old);
-                    if old.sa_sigaction == libc::SIG_IGN {
+                    if old.sa_sigaction != libc::SIG_DFL
+                        && old.sa_sigaction != on_signal as *const () as usize
+                    {
                         continue;
                     }
                     let mut sa: libc::sigaction = std::mem::zeroed();

@@ -1,0 +1,464 @@
+//! `heapdump watch`: a snapshot of each followed process every interval, written to
+//! `DIR/NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz` and/or pushed ([`crate::push`]).
+//!
+//! Beats fall on multiples of the interval since the Unix epoch (wall clock), so `--every 30s`
+//! snapshots at :00 and :30 whenever it was started. A round (every followed process, one
+//! after the other, each as `snapshot --by-pid` takes it: [`crate::multi::one`],
+//! [`crate::pprof::build`]) never overlaps the next: when it ends past the next beat, the
+//! beats it overlapped are skipped with one warning line. Files are written through a
+//! temporary file in DIR renamed into place ([`crate::pprof::write_bytes`]), so SIGINT or
+//! SIGTERM, which end the watch after the current file, never leave a partial one.
+
+use crate::cli::{WatchProps, WatchTarget};
+use crate::regions::{self, Liveness};
+use crate::{multi, pprof, push, Entry};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Set by SIGINT and SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Makes the first SIGINT or SIGTERM set [`STOP`]; the handler is then reset, so a second one
+/// ends the process at once (SA_RESETHAND).
+fn install_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+fn stopped() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// A process being followed.
+#[derive(Debug)]
+struct Followed {
+    name: String,
+    /// Its image's start time (clock ticks since boot): tells a reused pid apart.
+    start_ticks: u64,
+}
+
+/// What the watch did, for the report at exit.
+#[derive(Debug, Default)]
+struct Tally {
+    beats: u64,
+    skipped_beats: u64,
+    files: u64,
+    failed: u64,
+}
+
+/// Runs `heapdump watch` until `--count` beats, SIGINT or SIGTERM, or (with `--by-pid`) the
+/// process's exit; then prints what it did and its own CPU time and peak RSS on stderr.
+///
+/// Errors (before the first beat only): DIR cannot be created or is not a directory; the
+/// `--by-pid` process is not instrumented; `--tree PID` names no process. Later failures (a
+/// snapshot, a file, a push) are reported on stderr in one line each and the watch goes on.
+pub fn watch(w: &WatchProps) -> Result<()> {
+    if let Some(dir) = &w.dir {
+        prepare_dir(dir)?;
+    }
+    match &w.target {
+        WatchTarget::Pid(pid) => {
+            let alive = (crate::scan()?.iter())
+                .any(|e| e.file.pid == *pid && e.liveness == Liveness::Alive);
+            if !alive {
+                crate::pick(&crate::cli::Target::Pid(*pid))?;
+                bail!(
+                    "pid {pid} has exited: nothing to watch (`heapdump snapshot --by-pid {pid}` \
+                     reads what its region kept)"
+                );
+            }
+        }
+        WatchTarget::Many(sel) => {
+            multi::select(sel)?;
+        }
+    }
+    install_signals();
+    let client = w.push.as_ref().map(push::Client::new);
+    let mut queue = push::Queue::default();
+    let mut followed: BTreeMap<u32, Followed> = BTreeMap::new();
+    let mut tally = Tally::default();
+    let every = w.every.as_nanos();
+    let mut beat = next_beat(now_ns(), every);
+    let mut ended = false;
+    while !ended && !stopped() {
+        // Wait for the beat, pushing what waits meanwhile.
+        loop {
+            if stopped() {
+                break;
+            }
+            let now = now_ns();
+            if now >= beat {
+                break;
+            }
+            if let Some(c) = &client {
+                if queue.due().is_some_and(|t| t <= Instant::now()) {
+                    queue.pump(c, &stopped);
+                    continue;
+                }
+            }
+            let left = Duration::from_nanos((beat - now).min(u64::MAX as u128) as u64);
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+        if stopped() {
+            break;
+        }
+        ended = round(
+            w,
+            beat,
+            &mut followed,
+            &mut tally,
+            client.as_ref(),
+            &mut queue,
+        )?;
+        tally.beats += 1;
+        if w.count.is_some_and(|k| tally.beats >= k) {
+            break;
+        }
+        let after = next_beat(now_ns(), every);
+        let missed = ((after - beat) / every).saturating_sub(1);
+        if missed > 0 {
+            eprintln!(
+                "heapdump: warning: the snapshots of {} took longer than --every {}: \
+                 skipping {missed} beat(s)",
+                utc(beat),
+                humantime::format_duration(w.every)
+            );
+            tally.skipped_beats += missed as u64;
+        }
+        beat = after;
+    }
+    if let Some(c) = &client {
+        // One last try for what waits (unless asked to stop).
+        if queue.len() > 0 && !stopped() {
+            queue.retry_now();
+            queue.pump(c, &stopped);
+        }
+        if queue.len() > 0 {
+            eprintln!(
+                "heapdump: {} profile(s) not pushed: the server did not take them before the \
+                 watch ended",
+                queue.len()
+            );
+        }
+    }
+    report(&tally, client.as_ref().map(|_| &queue));
+    Ok(())
+}
+
+/// One beat: a snapshot of each followed process. Returns whether the watch should end (the
+/// `--by-pid` process exited).
+fn round(
+    w: &WatchProps,
+    beat: u128,
+    followed: &mut BTreeMap<u32, Followed>,
+    tally: &mut Tally,
+    client: Option<&push::Client>,
+    queue: &mut push::Queue,
+) -> Result<bool> {
+    let entries: Vec<Entry> = match &w.target {
+        WatchTarget::Pid(pid) => crate::scan()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
+            .collect(),
+        WatchTarget::Many(sel) => match multi::select(sel) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("heapdump: cannot list the processes: {e:#}");
+                Vec::new()
+            }
+        },
+    };
+    // Processes gone since the last beat, then new ones.
+    let gone: Vec<u32> = followed
+        .iter()
+        .filter(|(pid, f)| {
+            !entries
+                .iter()
+                .any(|e| e.file.pid == **pid && e.file.start_ticks == f.start_ticks)
+        })
+        .map(|(pid, _)| *pid)
+        .collect();
+    for pid in gone {
+        let f = followed.remove(&pid).expect("followed");
+        eprintln!(
+            "heapdump: pid {pid} ({}): exited; no longer watched",
+            f.name
+        );
+    }
+    if let WatchTarget::Pid(pid) = w.target {
+        if entries.is_empty() {
+            eprintln!("heapdump: pid {pid} is no longer running: watch ends");
+            return Ok(true);
+        }
+    }
+    for e in &entries {
+        if stopped() {
+            break;
+        }
+        let name = e
+            .info
+            .as_ref()
+            .map(regions::command_name)
+            .unwrap_or_default();
+        if let std::collections::btree_map::Entry::Vacant(v) = followed.entry(e.file.pid) {
+            eprintln!("heapdump: pid {} ({name}): watching", e.file.pid);
+            v.insert(Followed {
+                name: name.clone(),
+                start_ticks: e.file.start_ticks,
+            });
+        }
+        let c = match multi::one(e, false, w.lock_timeout) {
+            Ok(c) => c,
+            Err(err) => {
+                let why = format!("{err:#}").replace('\n', "; ");
+                if regions::proc_start_ticks(e.file.pid) != Some(e.file.start_ticks) {
+                    followed.remove(&e.file.pid);
+                    eprintln!(
+                        "heapdump: pid {} ({name}): exited; no longer watched",
+                        e.file.pid
+                    );
+                } else {
+                    tally.failed += 1;
+                    eprintln!(
+                        "heapdump: pid {} ({name}): snapshot failed: {why}",
+                        e.file.pid
+                    );
+                }
+                continue;
+            }
+        };
+        for warning in &c.meta.warnings {
+            eprintln!("heapdump: pid {} ({name}): warning: {warning}", e.file.pid);
+        }
+        let (profile, _) = pprof::build(
+            &c,
+            pprof::Options {
+                with_tags: false,
+                symbolize: w.symbolize,
+            },
+        );
+        let gz = pprof::encode_gz(&profile)?;
+        let mut dest = Vec::new();
+        if let Some(dir) = &w.dir {
+            let path = dir.join(file_name(&name, e.file.pid, beat));
+            match pprof::write_bytes(&gz, &path) {
+                Ok(()) => {
+                    tally.files += 1;
+                    dest.push(path.display().to_string());
+                    if let Some(keep) = w.keep {
+                        prune(dir, &name, e.file.pid, keep);
+                    }
+                }
+                Err(err) => {
+                    tally.failed += 1;
+                    eprintln!("heapdump: pid {} ({name}): {err:#}", e.file.pid);
+                }
+            }
+        }
+        if let Some(client) = client {
+            queue.push(client.item(&name, e.file.pid, &gz));
+            dest.push(format!("push to {}", w.push.as_ref().expect("push").url));
+        }
+        eprintln!(
+            "heapdump: pid {} ({name}): {} live blocks, {} bytes -> {}",
+            e.file.pid,
+            c.meta.blocks,
+            c.meta.bytes,
+            dest.join(", ")
+        );
+    }
+    if let Some(client) = client {
+        queue.pump(client, &stopped);
+    }
+    Ok(false)
+}
+
+/// Creates `dir` (mode 0700, parents as needed) if it does not exist.
+///
+/// Errors: it exists and is not a directory, or cannot be created.
+fn prepare_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("-o {}: not a directory", dir.display()),
+        Err(_) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create the directory {}", dir.display())),
+    }
+}
+
+/// Wall-clock time, ns since the Unix epoch.
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+/// The first multiple of `every` (ns) after `now` (ns).
+fn next_beat(now: u128, every: u128) -> u128 {
+    (now / every + 1) * every
+}
+
+/// `t` (ns since the epoch) as `2024-01-02T03:04:05Z`.
+fn utc(t: u128) -> String {
+    let t = UNIX_EPOCH + Duration::from_secs((t / 1_000_000_000) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// A file name part for a process name: letters, digits, `.`, `_` and `+` kept, others `_`.
+fn safe_name(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match s.trim_start_matches('.') {
+        "" => "process".to_owned(),
+        t => t.to_owned(),
+    }
+}
+
+/// `NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz` for the beat at `t` (ns since the epoch).
+fn file_name(name: &str, pid: u32, t: u128) -> PathBuf {
+    let stamp: String = utc(t).chars().filter(|c| *c != '-' && *c != ':').collect();
+    PathBuf::from(format!("{}-{pid}-{stamp}.pb.gz", safe_name(name)))
+}
+
+/// Removes all but the newest `keep` files of process `pid` in `dir` (by the time in their
+/// names, which sorts as text). A file that cannot be removed is reported.
+fn prune(dir: &Path, name: &str, pid: u32, keep: u64) {
+    let prefix = format!("{}-{pid}-", safe_name(name));
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut mine: Vec<String> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            n.strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".pb.gz"))
+                .is_some_and(|stamp| {
+                    stamp.len() == 16
+                        && stamp.ends_with('Z')
+                        && stamp.as_bytes()[8] == b'T'
+                        && stamp[..8].bytes().all(|b| b.is_ascii_digit())
+                })
+        })
+        .collect();
+    mine.sort();
+    let excess = mine.len().saturating_sub(keep as usize);
+    for old in &mine[..excess] {
+        if let Err(e) = std::fs::remove_file(dir.join(old)) {
+            eprintln!("heapdump: cannot remove {}: {e}", dir.join(old).display());
+        }
+    }
+}
+
+/// Prints what the watch did and what it cost: user and system CPU time and peak RSS
+/// (`getrusage(RUSAGE_SELF)`).
+fn report(t: &Tally, queue: Option<&push::Queue>) {
+    // SAFETY: a zeroed rusage is valid; getrusage fills it.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    let pushed = match queue {
+        Some(q) => format!(
+            ", {} pushed, {} not pushed",
+            q.sent,
+            q.dropped + q.len() as u64
+        ),
+        None => String::new(),
+    };
+    eprintln!(
+        "heapdump: watch ended: {} beats ({} skipped), {} files written{pushed}, {} failures; \
+         own CPU time {:.2} s (user {:.2} s, system {:.2} s), peak RSS {:.1} MiB",
+        t.beats,
+        t.skipped_beats,
+        t.files,
+        t.failed,
+        secs(ru.ru_utime) + secs(ru.ru_stime),
+        secs(ru.ru_utime),
+        secs(ru.ru_stime),
+        ru.ru_maxrss as f64 / 1024.0
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beats_are_multiples_of_the_interval() {
+        let s = 1_000_000_000u128;
+        assert_eq!(next_beat(0, 30 * s), 30 * s);
+        assert_eq!(next_beat(30 * s, 30 * s), 60 * s);
+        assert_eq!(next_beat(31 * s + 5, 30 * s), 60 * s);
+    }
+
+    #[test]
+    fn file_names_sort_by_time() {
+        let s = 1_000_000_000u128;
+        let a = file_name("my server", 12, 1_700_000_000 * s);
+        assert_eq!(a, PathBuf::from("my_server-12-20231114T221320Z.pb.gz"));
+        assert_eq!(safe_name("../x"), "_x");
+        assert_eq!(safe_name(""), "process");
+    }
+
+    #[test]
+    fn prune_keeps_the_newest_of_one_process() {
+        let d = tempfile::tempdir().unwrap();
+        let s = 1_000_000_000u128;
+        for i in 0..5 {
+            std::fs::write(
+                d.path().join(file_name("a", 1, (1_700_000_000 + i) * s)),
+                b"",
+            )
+            .unwrap();
+        }
+        std::fs::write(d.path().join(file_name("a", 2, 1_600_000_000 * s)), b"").unwrap();
+        std::fs::write(d.path().join("a-1-other.pb.gz"), b"").unwrap();
+        prune(d.path(), "a", 1, 2);
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "a-1-20231114T221323Z.pb.gz",
+                "a-1-20231114T221324Z.pb.gz",
+                "a-1-other.pb.gz",
+                "a-2-20200913T122640Z.pb.gz"
+            ]
+        );
+    }
+}

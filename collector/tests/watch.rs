@@ -1,0 +1,284 @@
+//! `heapdump watch`: snapshots every interval of `hold_sized` programs (known blocks), checked
+//! exactly; `--keep`; a process that exits is reported once and dropped, one started later is
+//! picked up (`--by-name`); SIGTERM ends the watch with status 0 and no temporary file.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// (blocks, bytes) `hold_sized N SIZE` holds through `hold_blocks`: N blocks of SIZE bytes and
+/// the array of N pointers.
+fn held(n: i64, size: i64) -> (i64, i64) {
+    (n + 1, n * size + n * 8)
+}
+
+/// Whether the tools the test needs are here; else prints why it is skipped.
+fn can_run(test: &str) -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: {test}: no C compiler (cc)");
+    }
+    ok
+}
+
+/// `hold_sized N SIZE` started under the shim with its regions in `dir`.
+fn hold(dir: &Path, n: i64, size: i64) -> Running {
+    let exe = compile_c("hold_sized", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.arg(n.to_string()).arg(size.to_string());
+    let r = start(cmd, dir, true);
+    assert_eq!(r.tally(), (n, n * size));
+    r
+}
+
+/// The files in `dir`, sorted by name.
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The profiles of process `pid` in `dir` (`hold_sized-PID-YYYYMMDDTHHMMSSZ.pb.gz`).
+fn profiles_of(dir: &Path, pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("hold_sized-{pid}-");
+    files(dir)
+        .into_iter()
+        .filter(|f| {
+            f.strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(".pb.gz"))
+                .is_some_and(|t| t.len() == 16 && t.as_bytes()[8] == b'T' && t.ends_with('Z'))
+        })
+        .map(|f| dir.join(f))
+        .collect()
+}
+
+/// Asserts that the profile at `path` holds exactly what `hold_sized n size` holds.
+fn assert_exact(path: &Path, n: i64, size: i64) {
+    let (blocks, bytes) = held(n, size);
+    let p = decode(path);
+    // [alloc_objects, alloc_space, inuse_objects, inuse_space]: nothing was freed.
+    assert_eq!(
+        sum_through(&p, "hold_blocks"),
+        [blocks, bytes, blocks, bytes],
+        "{}",
+        path.display()
+    );
+}
+
+/// Waits (at most 60 s: a hang, not a time limit under test) until `cond` holds.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < until, "gave up waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_second_three_times_gives_three_exact_files() {
+    if !can_run("every_second_three_times_gives_three_exact_files") {
+        return;
+    }
+    let dir = region_dir("watch-count");
+    let r = hold(&dir, 100, 1000);
+    let out = dir.with_extension("out");
+    let pid = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid,
+            "--every",
+            "1s",
+            "--count",
+            "3",
+            "-o",
+            out.join("sub").to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let out = out.join("sub");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "the directory is created 0700"
+    );
+    let all = files(&out);
+    let mine = profiles_of(&out, r.pid());
+    assert_eq!(mine.len(), 3, "{all:?}");
+    assert_eq!(all.len(), 3, "nothing else in the directory: {all:?}");
+    for f in &mine {
+        assert_exact(f, 100, 1000);
+    }
+    assert!(
+        t.stderr.contains("watch ended: 3 beats") && t.stderr.contains("peak RSS"),
+        "{}",
+        t.stderr
+    );
+}
+
+#[test]
+fn keep_leaves_the_newest_files() {
+    if !can_run("keep_leaves_the_newest_files") {
+        return;
+    }
+    let dir = region_dir("watch-keep");
+    let r = hold(&dir, 50, 2000);
+    let out = dir.with_extension("out");
+    let pid = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid,
+            "--every",
+            "1s",
+            "--count",
+            "4",
+            "--keep",
+            "2",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    // Every file written, in order, from the summary lines.
+    let written: Vec<String> = t
+        .stderr
+        .lines()
+        .filter_map(|l| l.split(" -> ").nth(1))
+        .map(|p| {
+            Path::new(p)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(written.len(), 4, "{}", t.stderr);
+    assert_eq!(files(&out), written[2..].to_vec());
+    for f in profiles_of(&out, r.pid()) {
+        assert_exact(&f, 50, 2000);
+    }
+}
+
+#[test]
+fn by_name_follows_processes_and_sigterm_ends_cleanly() {
+    if !can_run("by_name_follows_processes_and_sigterm_ends_cleanly") {
+        return;
+    }
+    let dir = region_dir("watch-follow");
+    let a = hold(&dir, 100, 1000);
+    let a_pid = a.pid();
+    let out = dir.with_extension("out");
+    let log = dir.with_extension("log");
+    let mut watch = Command::new(heapdump())
+        .args(["watch", "--by-name", "hold_sized", "--every", "1s", "-o"])
+        .arg(&out)
+        .env("HEAPDUMP_DIR", &dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stderr = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    wait_until("a profile of the first process", || {
+        !profiles_of(&out, a_pid).is_empty()
+    });
+    assert_eq!(a.finish(), 0);
+    let gone = format!("pid {a_pid} (hold_sized): exited; no longer watched");
+    wait_until("the exit reported", || stderr().contains(&gone));
+
+    // A second instance started later is picked up at a following beat.
+    let b = hold(&dir, 200, 3000);
+    let b_pid = b.pid();
+    wait_until("a profile of the second process", || {
+        !profiles_of(&out, b_pid).is_empty()
+    });
+    // SAFETY: kill has no memory preconditions; the pid is our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(watch.id() as i32, libc::SIGTERM) }, 0);
+    let status = watch.wait().unwrap();
+    let text = stderr();
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert_eq!(text.matches(&gone).count(), 1, "reported once: {text}");
+    assert!(text.contains("watch ended"), "{text}");
+
+    // Only complete profiles: no temporary file left, each profile exact.
+    let all = files(&out);
+    assert!(
+        all.iter().all(|f| !f.starts_with('.')),
+        "temporary file left: {all:?}"
+    );
+    let (pa, pb) = (profiles_of(&out, a_pid), profiles_of(&out, b_pid));
+    assert_eq!(pa.len() + pb.len(), all.len(), "{all:?}");
+    for f in &pa {
+        assert_exact(f, 100, 1000);
+    }
+    for f in &pb {
+        assert_exact(f, 200, 3000);
+    }
+    // Beats are whole seconds apart: every name distinct per process.
+    let stamps: BTreeSet<&str> = all.iter().map(|f| &f[f.len() - 22..]).collect();
+    assert!(stamps.len() >= pb.len().max(pa.len()));
+    drop(b);
+}
+
+#[test]
+fn bad_arguments_fail_before_watching() {
+    let dir = region_dir("watch-args");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (args, want) in [
+        (
+            vec!["watch", "--by-pid", "1", "--every", "500ms"],
+            "at least 1s",
+        ),
+        (
+            vec![
+                "watch",
+                "--multi-process",
+                "--every",
+                "1s",
+                "--push",
+                "ftp://x",
+            ],
+            "http:// or https://",
+        ),
+        (
+            vec![
+                "watch",
+                "--by-pid",
+                "999999999",
+                "--every",
+                "1s",
+                "-o",
+                "/dev/null/x",
+            ],
+            "cannot create the directory",
+        ),
+    ] {
+        let t = heapdump_timeout(&dir, &args, Duration::from_secs(30));
+        assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+        assert!(t.stderr.contains(want), "{args:?}: {}", t.stderr);
+    }
+}
