@@ -8,7 +8,7 @@
 //! and they resume too — the target is never left stopped. Threads created while attaching are
 //! attached in further rounds.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, Result};
 use std::time::Instant;
 
 /// One stopped thread.
@@ -60,7 +60,12 @@ pub fn stop(pid: u32) -> Result<Stopped> {
         attached: Vec::new(),
         since: Instant::now(),
     };
+    let mut interrupted: Vec<u32> = Vec::new();
+    let mut failed = None;
     for _round in 0..100 {
+        if failed.is_some() {
+            break;
+        }
         let new: Vec<u32> = tids(pid)
             .into_iter()
             .filter(|t| !s.attached.contains(t))
@@ -83,11 +88,14 @@ pub fn stop(pid: u32) -> Result<Stopped> {
                 if e.raw_os_error() == Some(libc::ESRCH) {
                     continue; // the thread exited meanwhile
                 }
-                bail!(
+                // Reported once the threads interrupted so far are in their stop (only a
+                // stopped tracee can be detached, which resumes it).
+                failed = Some(anyhow!(
                     "cannot stop pid {pid} (thread {tid}): {e}; --stop attaches with ptrace: \
                      the process must not be traced already (a debugger), and ptrace must be \
                      allowed (same user with /proc/sys/kernel/yama/ptrace_scope 0, or root)"
-                );
+                ));
+                break;
             }
             s.attached.push(tid);
             // SAFETY: as above.
@@ -99,6 +107,12 @@ pub fn stop(pid: u32) -> Result<Stopped> {
                     std::ptr::null_mut::<libc::c_void>(),
                 )
             };
+            interrupted.push(tid);
+        }
+        // Every thread of the round is interrupted before any is waited for: a busy thread
+        // stops only when it next gets a CPU, and with many threads per core those delays
+        // overlap instead of adding up (33 churning threads on 2 cores: 0.5-1.3 s one by one).
+        for tid in interrupted.drain(..) {
             let mut status = 0;
             // SAFETY: waiting for our tracee; `status` is writable.
             let w = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
@@ -143,6 +157,9 @@ pub fn stop(pid: u32) -> Result<Stopped> {
                 });
             }
         }
+    }
+    if let Some(e) = failed {
+        return Err(e); // dropping `s` detaches (resumes) every thread attached
     }
     s.threads.sort_by_key(|t| t.tid);
     Ok(s)
