@@ -633,7 +633,11 @@ them at :00 and :30 of each minute), one after the other, never two at once; whe
 longer than --every, the beats it overlapped are skipped with one warning line. Each process's \
 profile is written to DIR/NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz (the beat's UTC time) through a \
 temporary file in DIR. SIGINT or SIGTERM ends the watch after the current file (a second one \
-ends it at once); it then prints its own CPU time and peak memory.\n\nExamples:\n  heapdump \
+ends it at once); it then prints its own CPU time and peak memory.\n\nWith --push, a profile the \
+server does not take (unreachable, HTTP 408, 429 or 5xx) waits in memory, at most 100 profiles and \
+64 MiB (the oldest dropped first, counted on stderr), and is tried again in order, 1 s after the \
+failure, then doubling up to 5 min; a watch that ends keeps trying for at most 30 s more. Other \
+refusals (400, 401, ...) drop the profile with one line.\n\nExamples:\n  heapdump \
 watch --by-pid 1234 --every 30s -o heap/ --keep 100\n  heapdump watch --by-name server --every \
 1m --push http://pyroscope:4040 --label env=prod\n  heapdump watch --multi-process --every 60s \
 --push https://profiles.example.com --basic-auth-file /etc/heapdump/auth"

@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// How long a watch that ends (`--count`, or its `--by-pid` process exited) keeps trying to
+/// push what waits in the queue.
+pub const DRAIN: Duration = Duration::from_secs(30);
+
 /// Set by SIGINT and SIGTERM.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -144,9 +148,21 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         beat = after;
     }
     if let Some(c) = &client {
-        // One last try for what waits (unless asked to stop).
+        // What waits gets tries with the same backoff for at most DRAIN (none when asked to
+        // stop).
+        let until = Instant::now() + DRAIN;
         if queue.len() > 0 && !stopped() {
             queue.retry_now();
+        }
+        while let Some(due) = queue.due() {
+            if stopped() || due > until {
+                break;
+            }
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                continue;
+            }
             queue.pump(c, &stopped);
         }
         if queue.len() > 0 {
