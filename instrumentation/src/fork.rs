@@ -5,7 +5,7 @@
 use crate::region;
 use crate::state::*;
 use crate::sys::map_anon;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
 use vmo_layout::v1::{LEASE_NS, STATE_READY};
 
@@ -86,11 +86,16 @@ pub fn register_fork_handlers() {
 pub(crate) static FORK_LOCKED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// A stamp read in `fork_prepare`: records stamped later were written after the fork.
+static FORK_TIME: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) extern "C" fn fork_prepare() {
     if let Some(g) = global() {
         // Protect the nodes live at the fork from being recycled while the child copies them.
         let lease = &g.writer.header().fork_lease;
         let now = now_ns();
+        // Every stamp written before the fork is at most this (see `RegionWriter::stamp`).
+        FORK_TIME.store(g.writer.stamp(now).0, Ordering::Relaxed);
         let old = lease.load(Ordering::Relaxed);
         if old == 0 || now.saturating_sub(old) > LEASE_NS {
             lease.store(now, Ordering::SeqCst);
@@ -177,7 +182,26 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     // SAFETY: this child is single-threaded (fork handlers run before anything else); the
     // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
     // before the fork) keeps the records the index points to from being recycled meanwhile.
-    let inherited = unsafe { w.inherit(&parent, INDEX.entries()) };
+    // A bitmap of the allocations table for the copy (1 bit per record, 128 KiB per million).
+    let cursor = parent.header().node_cursor.load(Ordering::Relaxed);
+    let words = (cursor.min(parent.node_capacity()) as usize).div_ceil(64);
+    let map = if words > 0 {
+        map_anon(words * 8)
+    } else {
+        std::ptr::null_mut()
+    };
+    let scratch: &mut [u64] = if map.is_null() {
+        &mut []
+    } else {
+        // SAFETY: a fresh private mapping of `words` u64, zero-filled, used only here.
+        unsafe { std::slice::from_raw_parts_mut(map as *mut u64, words) }
+    };
+    let fork_time = FORK_TIME.load(Ordering::Relaxed);
+    let inherited = unsafe { w.inherit(&parent, INDEX.entries(), fork_time, scratch) };
+    if !map.is_null() {
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { crate::sys::unmap(map, words * 8) };
+    }
     release_lease();
     let Some((blocks, bytes)) = inherited else {
         // No room for the copy: this child records nothing.
