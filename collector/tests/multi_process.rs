@@ -334,22 +334,6 @@ fn pprof_tagroot_shows_processes(profile: &Path, programs: &BTreeMap<u32, (i64, 
     assert_eq!(cum.get("hold_sized"), Some(&all), "{text}");
 }
 
-/// Waits until `pid` holds a lock listed in /proc/locks (at most 10 s).
-fn wait_for_lock(pid: u32) {
-    let t0 = std::time::Instant::now();
-    while !std::fs::read_to_string("/proc/locks")
-        .unwrap()
-        .lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()) && !l.contains("->"))
-    {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(10),
-            "collector {pid} never took the region's lock"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 /// A process whose snapshot fails (its region's lock is held by another collector past
 /// --lock-timeout) is reported in one line and left out; the others are in the profile. When
 /// none succeeds, the command fails.

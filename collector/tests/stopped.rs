@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use std::collections::HashSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -104,12 +103,7 @@ fn snap(dir: &Path, pid: u32, tags: bool, i: usize) -> (i64, Vec<String>, String
         "snapshot {i}: inuse_space != count × size"
     );
     if tags {
-        let key = p.string_table.iter().position(|s| s == "address").unwrap() as i64;
-        let mut seen = HashSet::new();
-        for s in p.sample.iter().filter(|s| s.value[2] == 1) {
-            let a = s.label.iter().find(|l| l.key == key).unwrap().num;
-            assert!(seen.insert(a), "snapshot {i}: address {a:#x} appears twice");
-        }
+        assert_addresses_distinct(&p, &format!("snapshot {i}"));
     }
     (count, comments(&p), se, secs)
 }

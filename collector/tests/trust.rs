@@ -50,12 +50,7 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
             "snapshot {i}: inuse_space != count × size"
         );
         if tags {
-            let key = p.string_table.iter().position(|s| s == "address").unwrap() as i64;
-            let mut seen = HashSet::new();
-            for s in p.sample.iter().filter(|s| s.value[2] == 1) {
-                let a = s.label.iter().find(|l| l.key == key).unwrap().num;
-                assert!(seen.insert(a), "snapshot {i}: address {a:#x} appears twice");
-            }
+            assert_addresses_distinct(&p, &format!("snapshot {i}"));
         }
         for c in &p.comment {
             let c = &p.string_table[*c as usize];
@@ -983,22 +978,6 @@ fn run_forwards_signals_and_reports_exec_errors() {
         );
     }
     let _ = std::fs::remove_file(&not_exec);
-}
-
-/// Waits until `pid` holds a lock listed in /proc/locks (at most 10 s).
-fn wait_for_lock(pid: u32) {
-    let t0 = std::time::Instant::now();
-    while !std::fs::read_to_string("/proc/locks")
-        .unwrap()
-        .lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()) && !l.contains("->"))
-    {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(10),
-            "collector {pid} never took the region's lock"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 /// C4: a collector stopped (SIGSTOP) while holding the region's lock makes the next one wait

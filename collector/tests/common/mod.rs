@@ -521,3 +521,34 @@ fn remove_stale_test_files() {
         };
     }
 }
+
+/// Waits until `pid` holds a lock listed in /proc/locks (at most 10 s).
+pub fn wait_for_lock(pid: u32) {
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(&pid.to_string()) && !l.contains("->"))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "collector {pid} never took the region's lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Asserts that no address labels two per-block samples (`--with-tags`) of profile `p`;
+/// `what` names the snapshot in the message.
+pub fn assert_addresses_distinct(p: &heapdump_proto::Profile, what: &str) {
+    let key = p
+        .string_table
+        .iter()
+        .position(|s| s == "address")
+        .expect("an address label") as i64;
+    let mut seen = HashSet::new();
+    for s in p.sample.iter().filter(|s| s.value[2] == 1) {
+        let a = s.label.iter().find(|l| l.key == key).unwrap().num;
+        assert!(seen.insert(a), "{what}: address {a:#x} appears twice");
+    }
+}
