@@ -179,9 +179,6 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     w.claim_thread(0, b"(other threads)\0");
     // The inherited address index holds exactly the blocks live at the fork (its shards were
     // locked across it): copy the records it points to.
-    // SAFETY: this child is single-threaded (fork handlers run before anything else); the
-    // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
-    // before the fork) keeps the records the index points to from being recycled meanwhile.
     // A bitmap of the allocations table for the copy (1 bit per record, 128 KiB per million).
     let cursor = parent.header().node_cursor.load(Ordering::Relaxed);
     let words = (cursor.min(parent.node_capacity()) as usize).div_ceil(64);
@@ -197,6 +194,9 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
         unsafe { std::slice::from_raw_parts_mut(map as *mut u64, words) }
     };
     let fork_time = FORK_TIME.load(Ordering::Relaxed);
+    // SAFETY: this child is single-threaded (fork handlers run before anything else); the
+    // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
+    // before the fork) keeps the records the index points to from being recycled meanwhile.
     let inherited = unsafe { w.inherit(&parent, INDEX.entries(), fork_time, scratch) };
     if !map.is_null() {
         // SAFETY: the mapping made above, no longer used.
