@@ -622,6 +622,21 @@ pub fn write_with(
             path.join("heap.pb.gz").display()
         );
     }
+    // A device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written to, not
+    // replaced: renaming a file over it would turn `/dev/null` into a regular file for every
+    // program on the machine (a test run as root did exactly that). Not followed if a link.
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let t = m.file_type();
+        if t.is_char_device() || t.is_fifo() {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            return encode(&mut f).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())

@@ -189,6 +189,16 @@ fn named_snapshots_and_born_since_are_exact() {
         ],
     );
     assert!(ok, "{se}");
+    // Written to, not replaced: a profile renamed over /dev/null made it a regular file (as
+    // root) for every program on the machine.
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let m = std::fs::symlink_metadata("/dev/null").unwrap();
+        assert!(
+            m.file_type().is_char_device(),
+            "/dev/null is no longer a device: {m:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
