@@ -506,6 +506,10 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
 pub struct PushArgs {
     /// Send each profile to this profiling server: Grafana Pyroscope's base URL
     /// (`http://HOST:4040`; the Connect call `POST URL/push.v1.PusherService/Push`).
+    /// Pushed alloc_* values are the allocations since the process's previous push in this
+    /// watch (0 on its first push, so always 0 with `snapshot`); past 16,000 samples the
+    /// profile is aggregated by stack and the smallest stacks folded into one "(other: N
+    /// stacks trimmed)" sample. Files written with -o keep the cumulative counts.
     #[arg(long, value_name = "URL")]
     pub push: Option<String>,
     /// The server's API (default: pyroscope, for http:// and https:// URLs).

@@ -480,7 +480,9 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
     if let Some(push) = &p.push {
         stage(&format!("pushing to {}", push.url));
         let name = regions::command_name(&c.info);
-        let gz = pprof::encode_gz(&profile)?;
+        // A single push is a process's first: alloc_* go as 0 (see push::for_push).
+        let (pushed, _) = push::for_push(&profile, None);
+        let gz = pprof::encode_gz(&pushed)?;
         let client = push::Client::new(push);
         let item = client.item(&name, c.info.pid, &gz);
         client

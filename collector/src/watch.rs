@@ -55,6 +55,8 @@ struct Followed {
     name: String,
     /// Its image's start time (clock ticks since boot): tells a reused pid apart.
     start_ticks: u64,
+    /// The `alloc_*` values of its last pushed profile (`None`: not pushed yet).
+    pushed: Option<push::AllocState>,
 }
 
 /// What the watch did, for the report at exit.
@@ -238,6 +240,7 @@ fn round(
             v.insert(Followed {
                 name: name.clone(),
                 start_ticks: e.file.start_ticks,
+                pushed: None,
             });
         }
         let c = match multi::one(e, false, w.lock_timeout) {
@@ -270,9 +273,9 @@ fn round(
                 symbolize: w.symbolize,
             },
         );
-        let gz = pprof::encode_gz(&profile)?;
         let mut dest = Vec::new();
         if let Some(dir) = &w.dir {
+            let gz = pprof::encode_gz(&profile)?;
             let path = dir.join(file_name(&name, e.file.pid, beat));
             match pprof::write_bytes(&gz, &path) {
                 Ok(()) => {
@@ -289,7 +292,21 @@ fn round(
             }
         }
         if let Some(client) = client {
-            queue.push(client.item(&name, e.file.pid, &gz));
+            // alloc_* as deltas since this process's previous push (pid and start time: a
+            // reused pid is a new entry of `followed`).
+            let f = followed.get_mut(&e.file.pid);
+            let (pushed, state) =
+                push::for_push(&profile, f.as_ref().and_then(|f| f.pushed.as_ref()));
+            if let Some(f) = f {
+                f.pushed = Some(state);
+            }
+            match pprof::encode_gz(&pushed) {
+                Ok(gz) => queue.push(client.item(&name, e.file.pid, &gz)),
+                Err(err) => {
+                    tally.failed += 1;
+                    eprintln!("heapdump: pid {} ({name}): {err:#}", e.file.pid);
+                }
+            }
             dest.push(format!("push to {}", w.push.as_ref().expect("push").url));
         }
         eprintln!(

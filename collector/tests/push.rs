@@ -216,8 +216,10 @@ fn hold(dir: &Path, n: i64, size: i64) -> Running {
     start(cmd, dir, true)
 }
 
-/// Asserts the profile holds exactly `hold_sized n size`'s blocks, with Go's heap sample types.
-fn assert_exact(p: &heapdump_proto::Profile, n: i64, size: i64) {
+/// Asserts the profile holds exactly `hold_sized n size`'s blocks, with Go's heap sample types;
+/// `alloc`: whether alloc_* hold the cumulative counts (a file) or 0 (a push: deltas since the
+/// process's previous push, 0 on the first and while the program allocates nothing).
+fn assert_exact(p: &heapdump_proto::Profile, n: i64, size: i64, alloc: bool) {
     let s = |i: i64| p.string_table[i as usize].as_str();
     let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
     assert_eq!(
@@ -232,10 +234,8 @@ fn assert_exact(p: &heapdump_proto::Profile, n: i64, size: i64) {
     let period = p.period_type.as_ref().unwrap();
     assert_eq!((s(period.r#type), s(period.unit)), ("space", "bytes"));
     let (blocks, bytes) = (n + 1, n * size + n * 8);
-    assert_eq!(
-        sum_through(p, "hold_blocks"),
-        [blocks, bytes, blocks, bytes]
-    );
+    let (an, ab) = if alloc { (blocks, bytes) } else { (0, 0) };
+    assert_eq!(sum_through(p, "hold_blocks"), [an, ab, blocks, bytes]);
 }
 
 fn hostname() -> String {
@@ -300,7 +300,7 @@ fn snapshot_push_sends_labels_auth_and_the_exact_profile() {
     .collect();
     assert_eq!(p.labels, want);
     assert_eq!(p.id.len(), 36, "a UUID: {:?}", p.id);
-    assert_exact(&p.profile, 120, 700);
+    assert_exact(&p.profile, 120, 700, false);
 
     // Basic authentication and the tenant from the environment, service_name overridden.
     let auth = dir.with_extension("auth");
@@ -331,9 +331,9 @@ fn snapshot_push_sends_labels_auth_and_the_exact_profile() {
     let p = decode_push(&got[1]);
     assert_eq!(p.labels["service_name"], "billing");
     assert_eq!(p.labels["__delta__"], "false");
-    assert_exact(&p.profile, 120, 700);
+    assert_exact(&p.profile, 120, 700, false);
     // The file written alongside is the same profile.
-    assert_exact(&decode(&out), 120, 700);
+    assert_exact(&decode(&out), 120, 700, true);
 }
 
 #[test]
@@ -382,7 +382,7 @@ fn watch_push_retries_until_the_server_takes_every_profile_in_order() {
     for p in &taken {
         assert_eq!(p.labels["pid"], pid);
         assert_eq!(p.labels["__name__"], "memory");
-        assert_exact(&p.profile, 80, 1500);
+        assert_exact(&p.profile, 80, 1500, false);
     }
     // Each failure is one line naming the status and the server's message.
     let failures: Vec<&str> = t
@@ -393,6 +393,77 @@ fn watch_push_retries_until_the_server_takes_every_profile_in_order() {
     assert_eq!(failures.len(), 3, "{}", t.stderr);
     assert!(failures[0].contains("ingester is down"), "{}", failures[0]);
     assert!(t.stderr.contains("4 pushed, 0 not pushed"), "{}", t.stderr);
+}
+
+#[test]
+fn watch_push_sends_alloc_values_as_deltas_since_the_previous_push() {
+    if !can_run("watch_push_sends_alloc_values_as_deltas_since_the_previous_push") {
+        return;
+    }
+    let server = FakePyroscope::start(0);
+    let dir = region_dir("push-delta");
+    // grower: 100 blocks of 100 B from old_alloc; on a line on stdin, 50 of 200 B from new_alloc.
+    let exe = compile_c("grower", &["-fno-optimize-sibling-calls"]);
+    let mut r = start(Command::new(exe), &dir, true);
+    let pid = r.pid().to_string();
+    let out = dir.with_extension("watch.err");
+    let mut watch = Command::new(heapdump())
+        .args(["watch", "--by-pid", &pid, "--every", "1s", "--count", "4"])
+        .args(["--push", &server.url])
+        .env("HEAPDUMP_DIR", &dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    // Grow once the first profile has arrived.
+    let t0 = std::time::Instant::now();
+    while server.received().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no push arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    r.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    r.wait_line("grown");
+    let status = watch.wait().unwrap();
+    let stderr = std::fs::read_to_string(&out).unwrap();
+    assert!(status.success(), "{stderr}");
+    let got: Vec<Pushed> = server.received().iter().map(decode_push).collect();
+    assert_eq!(got.len(), 4, "{stderr}");
+    let mut before = [0i64; 4];
+    for (i, p) in got.iter().enumerate() {
+        assert_eq!(p.labels["__delta__"], "false");
+        // The blocks held from the start: in use in every profile, allocated before the
+        // first push, so never in an alloc_* delta.
+        assert_eq!(
+            sum_through(&p.profile, "old_alloc"),
+            [0, 0, 100, 10_000],
+            "push {i}: {stderr}"
+        );
+        let new = sum_through(&p.profile, "new_alloc");
+        if i == 0 {
+            assert_eq!(new, [0, 0, 0, 0], "the first push was before the growth");
+        } else {
+            // Nothing is freed: what was allocated since the previous push is what it holds
+            // more than then.
+            assert_eq!(
+                [new[0], new[1]],
+                [new[2] - before[2], new[3] - before[3]],
+                "push {i}: {new:?} after {before:?}"
+            );
+        }
+        before = new;
+    }
+    assert_eq!(
+        before,
+        [0, 0, 50, 10_000],
+        "the last push: all held, none new"
+    );
+    let total: [i64; 2] = got.iter().fold([0, 0], |t, p| {
+        let n = sum_through(&p.profile, "new_alloc");
+        [t[0] + n[0], t[1] + n[1]]
+    });
+    assert_eq!(total, [50, 10_000], "each allocation in exactly one push");
+    assert_eq!(r.finish(), 0);
 }
 
 #[test]
