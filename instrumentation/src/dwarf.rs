@@ -156,6 +156,9 @@ const RULE_FRAME_POINTER: Rule = Rule {
 };
 
 const SLOTS: usize = 4096;
+/// Entries of [`Cache::fp_keys`]: 4 KiB, small enough to stay in the L1 cache next to the stack
+/// being walked (the 64 KiB of `slots` do not: a lookup there was the walk's main stall).
+const FP_KEYS: usize = 512;
 
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -175,6 +178,9 @@ pub struct Cache {
     /// [`take_stale`].
     missed: bool,
     slots: [Slot; SLOTS],
+    /// Code addresses whose rule is [`RULE_FRAME_POINTER`] (direct-mapped, 0 = empty): the rule
+    /// of nearly every frame of code built with frame pointers, checked here first.
+    fp_keys: [u64; FP_KEYS],
     ctx: UnwindContext<usize, Fixed>,
 }
 
@@ -185,6 +191,20 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// Whether the code at `key` keeps a frame pointer (its rule is [`RULE_FRAME_POINTER`]).
+    #[inline(always)]
+    fn keeps_frame_pointer(&mut self, objects: &Objects, key: u64) -> bool {
+        let i = (key ^ (key >> 9)) as usize % FP_KEYS;
+        if self.fp_keys[i] == key {
+            return true;
+        }
+        if self.rule(objects, key) != RULE_FRAME_POINTER {
+            return false;
+        }
+        self.fp_keys[i] = key;
+        true
+    }
+
     #[inline]
     fn rule(&mut self, objects: &Objects, key: u64) -> Rule {
         // Return addresses differ in their low bits; folding in the page number spreads code
@@ -238,6 +258,7 @@ pub fn take_stale(cache: &mut Cache) -> bool {
     let stale = loader_counts() != (o.adds, o.subs);
     if stale {
         cache.slots.iter_mut().for_each(|s| s.key = 0);
+        cache.fp_keys.fill(0);
     }
     stale
 }
@@ -526,6 +547,7 @@ fn unwind(
     let objects = unsafe { &*ptr };
     if cache.generation != objects.generation {
         cache.slots.iter_mut().for_each(|s| s.key = 0);
+        cache.fp_keys.fill(0);
         cache.generation = objects.generation;
     }
     let read = |a: u64| -> Option<u64> {
@@ -545,7 +567,8 @@ fn unwind(
         };
         if rule == RULE_FRAME_POINTER {
             // Pass 1: the rbp chain. fs[j] is the frame pointer of frame n + j.
-            let mut fs = [0u64; MAX_FRAMES + 1];
+            // Not zeroed: entries 0..=m are written before they are read.
+            let mut fs = [std::mem::MaybeUninit::<u64>::uninit(); MAX_FRAMES + 1];
             let mut m = 0;
             let mut f = bp;
             let mut floor = sp;
@@ -560,13 +583,13 @@ fn unwind(
                 if ret < 4096 {
                     break;
                 }
-                fs[m] = f;
+                fs[m].write(f);
                 out[n + m] = ret;
                 m += 1;
                 floor = cfa;
                 f = next;
             }
-            fs[m] = f;
+            fs[m].write(f);
             if m == 0 {
                 break;
             }
@@ -574,7 +597,7 @@ fn unwind(
             // frame pointer; j = m asks whether the chain's end is the stack's end.
             let mut good = m + 1;
             for j in 1..=m {
-                if cache.rule(objects, out[n + j - 1] - 1) != RULE_FRAME_POINTER {
+                if !cache.keeps_frame_pointer(objects, out[n + j - 1] - 1) {
                     good = j;
                     break;
                 }
@@ -586,8 +609,8 @@ fn unwind(
             // own rule, with the registers it had: sp above the last frame, rbp as restored.
             let j = good;
             key = Some(out[n + j - 1] - 1);
-            sp = fs[j - 1] + 16;
-            bp = fs[j];
+            // SAFETY: 1 <= j <= m, and pass 1 wrote fs[0..=m].
+            (sp, bp) = unsafe { (fs[j - 1].assume_init() + 16, fs[j].assume_init()) };
             n += j;
             continue;
         }

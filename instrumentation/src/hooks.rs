@@ -114,10 +114,14 @@ pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64) {
 }
 
 fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
-    let mut frames = [0u64; MAX_FRAMES];
+    // SAFETY: the buffer is this thread's and we are inside its reentrancy guard (called from
+    // `enter`): nothing else uses it during this capture (a signal handler's allocation is
+    // deferred, captured into a buffer of its own).
+    let frames = unsafe { &mut *t.frames.get() };
     // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
     // a sigaltstack) the end of the memory readable above this frame.
-    let hi = t.stack_limit(frames.as_ptr() as usize);
+    let marker = 0u8;
+    let hi = t.stack_limit(std::hint::black_box(&marker) as *const u8 as usize);
     let fp = match start {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };
@@ -126,19 +130,19 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
         (Some(cache), start) => {
-            let n = cfi_walk(start, hi, cache, &mut frames);
+            let n = cfi_walk(start, hi, cache, frames);
             // Code of an object loaded since the list was built (a library's constructor,
             // running inside dlopen before the hook's refresh): rebuild and walk again.
             if crate::dwarf::take_stale(cache) {
-                rewalk(t, start, hi, cache, &mut frames)
+                rewalk(t, start, hi, cache, frames)
             } else {
                 n
             }
         }
-        (None, _) => walk(fp, hi, &mut frames),
+        (None, _) => walk(fp, hi, frames),
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let n = walk(fp, hi, &mut frames);
+    let n = walk(fp, hi, frames);
     intern(g, t, &frames[..n])
 }
 

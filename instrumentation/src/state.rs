@@ -185,6 +185,9 @@ pub struct Tls {
     pub(crate) stash_len: Cell<usize>,
     /// Stack cache: (hash, id) by hash % CACHE.
     pub cache: UnsafeCell<[(u64, u32); CACHE]>,
+    /// Where a capture writes the stack's return addresses (kept here rather than on the
+    /// stack, where the 512 bytes would be zeroed at every allocation).
+    pub(crate) frames: UnsafeCell<[u64; vmo_layout::v1::MAX_FRAMES]>,
     /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
     pub(crate) sample_left: Cell<i64>,
     /// xorshift state for the sampling intervals (0: not seeded yet).
@@ -229,6 +232,7 @@ impl Tls {
             stash_head: Cell::new(0),
             stash_len: Cell::new(0),
             cache: UnsafeCell::new([(0, 0); CACHE]),
+            frames: UnsafeCell::new([0; vmo_layout::v1::MAX_FRAMES]),
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
             last_now: Cell::new(0),
