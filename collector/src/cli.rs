@@ -505,14 +505,18 @@ impl TryFrom<SnapshotArgs> for SnapshotProps {
 #[derive(Debug, Args, Clone)]
 pub struct PushArgs {
     /// Send each profile to this profiling server: Grafana Pyroscope's base URL
-    /// (`http://HOST:4040`; the Connect call `POST URL/push.v1.PusherService/Push`).
+    /// (`http://HOST:4040`; the Connect call `POST URL/push.v1.PusherService/Push`) or, with
+    /// --push-format parca, Parca's gRPC address (`http://HOST:7070`: HTTP/2 without TLS;
+    /// `https://…`: TLS; the call `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`).
+    /// Labels: __name__=memory, service_name, hostname, pid, the --labels, and (Pyroscope)
+    /// __delta__=false.
     /// Pushed alloc_* values are the allocations since the process's previous push in this
     /// watch (0 on its first push, so always 0 with `snapshot`); past 16,000 samples the
     /// profile is aggregated by stack and the smallest stacks folded into one "(other: N
     /// stacks trimmed)" sample. Files written with -o keep the cumulative counts.
     #[arg(long, value_name = "URL")]
     pub push: Option<String>,
-    /// The server's API (default: pyroscope, for http:// and https:// URLs).
+    /// The server's API: pyroscope (the default) or parca.
     #[arg(long, value_enum, value_name = "FORMAT", requires = "push")]
     pub push_format: Option<PushFormat>,
     /// A label sent with every profile (repeatable), e.g. `--label env=prod`; overrides the
@@ -520,8 +524,8 @@ pub struct PushArgs {
     /// and `_`, not starting with a digit; `__name__` and `__delta__` are heapdump's.
     #[arg(long = "label", value_name = "KEY=VALUE", requires = "push", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
-    /// A file holding a bearer token (`Authorization: Bearer TOKEN`; surrounding whitespace
-    /// ignored).
+    /// A file holding a bearer token (`Authorization: Bearer TOKEN`, the gRPC metadata
+    /// `authorization` with Parca, as Polar Signals Cloud wants; surrounding whitespace ignored).
     #[arg(
         long,
         value_name = "FILE",
@@ -533,7 +537,7 @@ pub struct PushArgs {
     /// Cloud's numeric user id and token).
     #[arg(long, value_name = "FILE", env = "HEAPDUMP_PUSH_BASIC_AUTH_FILE")]
     pub basic_auth_file: Option<PathBuf>,
-    /// The tenant of a multi-tenant server (header `X-Scope-OrgID`).
+    /// The tenant of a multi-tenant Pyroscope (header `X-Scope-OrgID`).
     #[arg(long, value_name = "ID", env = "HEAPDUMP_PUSH_TENANT")]
     pub tenant: Option<String>,
     /// Longest time one push may take, connection included.
@@ -546,6 +550,9 @@ pub struct PushArgs {
 pub enum PushFormat {
     /// Grafana Pyroscope: Connect `push.v1.PusherService/Push` over HTTP/1.1.
     Pyroscope,
+    /// Parca (and Polar Signals Cloud): gRPC
+    /// `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw` over HTTP/2.
+    Parca,
 }
 
 /// Parses `KEY=VALUE` (a label name as Prometheus spells them: `[A-Za-z_][A-Za-z0-9_]*`).
@@ -573,6 +580,8 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 pub struct PushProps {
     /// The server's base URL, without a trailing `/`.
     pub url: String,
+    /// The server's API.
+    pub format: PushFormat,
     /// The user's labels (`--label`), in order.
     pub labels: Vec<(String, String)>,
     /// `Authorization` header value, if any (`Bearer …` or `Basic …`).
@@ -591,9 +600,23 @@ impl PushProps {
     pub fn from_args(a: PushArgs) -> anyhow::Result<Option<PushProps>> {
         use anyhow::Context;
         let Some(url) = a.push else { return Ok(None) };
-        let PushFormat::Pyroscope = a.push_format.unwrap_or(PushFormat::Pyroscope);
+        let format = a.push_format.unwrap_or(PushFormat::Pyroscope);
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("--push {url}: Pyroscope is reached over http:// or https://");
+            match format {
+                PushFormat::Pyroscope => {
+                    bail!("--push {url}: Pyroscope is reached over http:// or https://")
+                }
+                PushFormat::Parca => bail!(
+                    "--push {url}: give Parca's address as http://HOST:7070 (HTTP/2 without \
+                     TLS) or https://HOST (TLS)"
+                ),
+            }
+        }
+        if format == PushFormat::Parca && a.tenant.as_ref().is_some_and(|t| !t.is_empty()) {
+            bail!(
+                "--tenant (X-Scope-OrgID) is Pyroscope's: Parca has no tenants (unset \
+                 HEAPDUMP_PUSH_TENANT)"
+            );
         }
         let read = |f: &PathBuf, what: &str| -> anyhow::Result<String> {
             let t = std::fs::read_to_string(f)
@@ -620,6 +643,7 @@ impl PushProps {
         };
         Ok(Some(PushProps {
             url: url.trim_end_matches('/').to_owned(),
+            format,
             labels: a.labels,
             authorization,
             tenant: a.tenant.filter(|t| !t.is_empty()),
@@ -638,13 +662,17 @@ longer than --every, the beats it overlapped are skipped with one warning line. 
 profile is written to DIR/NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz (the beat's UTC time) through a \
 temporary file in DIR. SIGINT or SIGTERM ends the watch after the current file (a second one \
 ends it at once); it then prints its own CPU time and peak memory.\n\nWith --push, a profile the \
-server does not take (unreachable, HTTP 408, 429 or 5xx) waits in memory, at most 100 profiles and \
-64 MiB (the oldest dropped first, counted on stderr), and is tried again in order, 1 s after the \
-failure, then doubling up to 5 min; a watch that ends keeps trying for at most 30 s more. Other \
-refusals (400, 401, ...) drop the profile with one line.\n\nExamples:\n  heapdump \
+server does not take (unreachable; HTTP 408, 429 or 5xx; gRPC UNAVAILABLE, DEADLINE_EXCEEDED, \
+RESOURCE_EXHAUSTED, ...) waits and is tried again in order, 1 s after the failure, then doubling up \
+to 5 min; a watch that ends keeps trying for at most 30 s more. With -o DIR it waits on disk, in \
+DIR/.spool, up to --spool-max-bytes (a watch started later on the same DIR sends what is left \
+there first); without, in memory, at most 100 profiles and 64 MiB. Past the bound the oldest is \
+dropped, counted on stderr. Other refusals (HTTP 400, 401, ...; gRPC INVALID_ARGUMENT, \
+UNAUTHENTICATED, PERMISSION_DENIED, ...) drop the profile with one line.\n\nExamples:\n  heapdump \
 watch --by-pid 1234 --every 30s -o heap/ --keep 100\n  heapdump watch --by-name server --every \
 1m --push http://pyroscope:4040 --label env=prod\n  heapdump watch --multi-process --every 60s \
---push https://profiles.example.com --basic-auth-file /etc/heapdump/auth"
+-o /var/lib/heapdump --push http://parca:7070 --push-format parca\n  heapdump watch \
+--multi-process --every 60s --push https://profiles.example.com --basic-auth-file /etc/heapdump/auth"
 )]
 pub struct WatchArgs {
     /// Process id of the target; the watch ends when it exits.
@@ -686,6 +714,10 @@ pub struct WatchArgs {
     /// Where to send the profiles, besides -o.
     #[command(flatten)]
     pub push: PushArgs,
+    /// With -o DIR and --push: most bytes of profiles waiting in DIR/.spool for the server
+    /// (the oldest dropped first past it; 0: no spool, wait in memory only).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::spool::DEFAULT_MAX_BYTES, requires = "push")]
+    pub spool_max_bytes: u64,
 }
 
 /// Which processes `watch` follows.
@@ -716,6 +748,8 @@ pub struct WatchProps {
     pub lock_timeout: Duration,
     /// Where to push.
     pub push: Option<PushProps>,
+    /// Bound of `DIR/.spool` (0: no spool).
+    pub spool_max_bytes: u64,
 }
 
 impl TryFrom<WatchArgs> for WatchProps {
@@ -754,6 +788,7 @@ impl TryFrom<WatchArgs> for WatchProps {
             symbolize: !a.no_symbolize,
             lock_timeout: Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
             push,
+            spool_max_bytes: a.spool_max_bytes,
         })
     }
 }

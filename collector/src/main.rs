@@ -4,7 +4,8 @@
 //! [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym), [`pprof`] (profile
 //! building, merging and writing), [`multi`] (several processes into one profile), [`flame`]
 //! (SVG flame graphs), [`contents`] (block contents: `--contents-dir`, `--with-strings`),
-//! [`watch`] (snapshots every interval), [`push`] (sending profiles to Pyroscope).
+//! [`watch`] (snapshots every interval), [`push`] (sending profiles to Pyroscope or Parca, the
+//! queue), [`parca`] (the gRPC client), [`spool`] (unsent profiles kept on disk).
 
 mod cli;
 mod contents;
@@ -14,11 +15,13 @@ mod graph;
 mod hugealloc;
 mod moments;
 mod multi;
+mod parca;
 mod pprof;
 mod priority;
 mod push;
 mod regions;
 mod snapshot;
+mod spool;
 mod symbolize;
 mod watch;
 
@@ -483,7 +486,7 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         // A single push is a process's first: alloc_* go as 0 (see push::for_push).
         let (pushed, _) = push::for_push(&profile, None);
         let gz = pprof::encode_gz(&pushed)?;
-        let client = push::Client::new(push);
+        let client = push::Client::new(push)?;
         let item = client.item(&name, c.info.pid, &gz);
         client
             .send(&item)

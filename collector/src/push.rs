@@ -1,22 +1,27 @@
-//! Sending profiles to Grafana Pyroscope (`--push URL`).
+//! Sending profiles to a continuous-profiling server (`--push URL`): Grafana Pyroscope
+//! (`--push-format pyroscope`, the default) or Parca (`--push-format parca`, [`crate::parca`]).
 //!
-//! One profile is one Connect unary call, `POST {URL}/push.v1.PusherService/Push` with
-//! `Content-Type: application/proto` and a `push.v1.PushRequest` body (`proto/pyroscope.proto`):
-//! one series whose labels are `__name__=memory`, `__delta__=false` (the profile's `alloc_*`
-//! values are already deltas, made here: the server must not subtract the previous profile),
-//! `service_name` (default: the process name), `hostname`, `pid` and the user's `--label`s,
-//! holding the gzip-compressed pprof profile. HTTP goes through `ureq` (rustls for https).
+//! Pyroscope: one profile is one Connect unary call, `POST {URL}/push.v1.PusherService/Push`
+//! with `Content-Type: application/proto` and a `push.v1.PushRequest` body
+//! (`proto/pyroscope.proto`): one series whose labels are `__name__=memory`, `__delta__=false`
+//! (the profile's `alloc_*` values are already deltas, made here: the server must not subtract
+//! the previous profile), `service_name` (default: the process name), `hostname`, `pid` and the
+//! user's `--label`s, holding the gzip-compressed pprof profile. HTTP goes through `ureq`
+//! (rustls for https). Parca gets the same labels but `__delta__` in a gRPC `WriteRaw` call.
 //!
-//! `watch` queues what it could not send ([`Queue`]): at most [`QUEUE_ITEMS`] profiles and
-//! [`QUEUE_BYTES`] bytes in memory, oldest dropped first (counted on stderr), retried in order
-//! with exponential backoff from [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+//! `watch` queues what it could not send ([`Queue`]), retried in order with exponential backoff
+//! from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]: at most [`QUEUE_ITEMS`] profiles and
+//! [`QUEUE_BYTES`] bytes in memory, or, with `-o DIR`, in `DIR/.spool` ([`crate::spool`]) up to
+//! `--spool-max-bytes`, where the next watch finds what this one could not send; the oldest are
+//! dropped first (counted on stderr).
 //!
 //! What is pushed is not quite the profile `-o` writes ([`for_push`]): `alloc_*` are deltas
 //! since the previous push of the same process ([`AllocState`]; the first push sends them as
 //! 0), and a profile past the servers' limits ([`MAX_SAMPLES`], [`MAX_PROFILE_BYTES`]) is
 //! aggregated by stack and, if still too many samples, trimmed ([`trim`]).
 
-use crate::cli::PushProps;
+use crate::cli::{PushFormat, PushProps};
+use crate::spool::{Spool, Stored};
 use heapdump_proto as pp;
 use heapdump_proto::pyroscope as pb;
 use std::collections::{HashMap, VecDeque};
@@ -102,6 +107,9 @@ pub fn for_push(p: &pp::Profile, prev: Option<&AllocState>) -> (pp::Profile, All
             trim(&mut p, MAX_SAMPLES);
         }
     }
+    // Parca refuses a profile whose ids have gaps: pprof::build numbers them from 1, and
+    // neither the deltas nor trimming leave one.
+    debug_assert_eq!(crate::parca::check_ids(&p), Ok(()));
     (p, state)
 }
 
@@ -197,20 +205,36 @@ pub fn trim(p: &mut pp::Profile, max: usize) {
     p.sample = samples;
 }
 
-/// A connection pool to one server, with what every push sends.
+/// A client of one server, with what every push sends.
 #[derive(Debug)]
 pub struct Client {
-    agent: ureq::Agent,
+    api: Api,
     props: PushProps,
-    endpoint: String,
     hostname: String,
 }
 
-/// One encoded push of one profile.
+/// The server's API.
+#[derive(Debug)]
+enum Api {
+    /// Pyroscope: `ureq`'s connection pool and the Connect endpoint.
+    Pyroscope {
+        agent: ureq::Agent,
+        endpoint: String,
+    },
+    /// Parca: a gRPC channel.
+    Parca(crate::parca::Parca),
+}
+
+/// One profile to push, whatever the server's API.
 #[derive(Debug, Clone)]
 pub struct Item {
-    /// The `PushRequest`, encoded.
-    pub body: Vec<u8>,
+    /// Its labels ([`Client::labels`]), sorted by name; the API's own (Pyroscope's
+    /// `__delta__`) are added when it is sent.
+    pub labels: Vec<(String, String)>,
+    /// The gzip-compressed pprof profile.
+    pub profile: Vec<u8>,
+    /// An identifier of this push (a random UUID): Pyroscope's `RawSample.ID`.
+    pub id: String,
     /// What it is, for messages: `pid 1234 (server)`.
     pub what: String,
 }
@@ -220,36 +244,49 @@ pub struct Item {
 pub struct Failure {
     /// One line: what failed and why.
     pub text: String,
-    /// Whether trying again may succeed (network errors, 408, 429, 5xx); other refusals
-    /// (bad request, authentication) will not.
+    /// Whether trying again may succeed (network errors, HTTP 408, 429, 5xx, gRPC
+    /// `UNAVAILABLE`, ...); other refusals (bad request, authentication) will not.
     pub retry: bool,
 }
 
 impl Client {
-    /// A client for `props.url` (no connection is made yet).
-    pub fn new(props: &PushProps) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(props.timeout))
-            .http_status_as_error(false)
-            .user_agent(concat!("heapdump/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
+    /// A client for `props.url` in `props.format` (no connection is made yet).
+    ///
+    /// Errors (Parca only): the URL is not valid, the token is not ASCII, the client's runtime
+    /// cannot be created.
+    pub fn new(props: &PushProps) -> anyhow::Result<Client> {
+        let api = match props.format {
+            PushFormat::Pyroscope => Api::Pyroscope {
+                agent: ureq::Agent::config_builder()
+                    .timeout_global(Some(props.timeout))
+                    .http_status_as_error(false)
+                    .user_agent(concat!("heapdump/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .into(),
+                endpoint: format!("{}/push.v1.PusherService/Push", props.url),
+            },
+            PushFormat::Parca => Api::Parca(crate::parca::Parca::new(
+                &props.url,
+                props.authorization.as_deref(),
+                props.timeout,
+            )?),
+        };
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
-        Client {
-            agent,
-            endpoint: format!("{}/push.v1.PusherService/Push", props.url),
+        Ok(Client {
+            api,
             props: props.clone(),
             hostname,
-        }
+        })
     }
 
-    /// The labels of a profile of process `pid` named `name`, sorted by name.
+    /// The labels of a profile of process `pid` named `name`, sorted by name:
+    /// `__name__=memory`, `service_name` (`name`), `hostname`, `pid` and the user's `--label`s
+    /// (which may override the last three).
     pub fn labels(&self, name: &str, pid: u32) -> Vec<(String, String)> {
         let mut l: Vec<(String, String)> = vec![
             ("__name__".into(), "memory".into()),
-            ("__delta__".into(), "false".into()),
             ("service_name".into(), name.into()),
             ("hostname".into(), self.hostname.clone()),
             ("pid".into(), pid.to_string()),
@@ -266,32 +303,57 @@ impl Client {
 
     /// The push of `gz` (a gzip-compressed pprof profile) of process `pid` named `name`.
     pub fn item(&self, name: &str, pid: u32, gz: &[u8]) -> Item {
-        use prost::Message;
-        let req = pb::PushRequest {
-            series: vec![pb::RawProfileSeries {
-                labels: (self.labels(name, pid).into_iter())
-                    .map(|(name, value)| pb::LabelPair { name, value })
-                    .collect(),
-                samples: vec![pb::RawSample {
-                    raw_profile: gz.to_vec(),
-                    id: uuid_v4(),
-                }],
-            }],
-        };
         Item {
-            body: req.encode_to_vec(),
+            labels: self.labels(name, pid),
+            profile: gz.to_vec(),
+            id: uuid_v4(),
             what: format!("pid {pid} ({name})"),
         }
     }
 
+    /// The body of the Pyroscope push of `item`: a `PushRequest` whose one series has the
+    /// item's labels and `__delta__=false` (the `alloc_*` values are deltas already: the
+    /// server must not subtract the previous profile).
+    pub fn pyroscope_body(item: &Item) -> Vec<u8> {
+        use prost::Message;
+        let mut labels = item.labels.clone();
+        labels.retain(|(n, _)| n != "__delta__");
+        labels.push(("__delta__".into(), "false".into()));
+        labels.sort();
+        pb::PushRequest {
+            series: vec![pb::RawProfileSeries {
+                labels: (labels.into_iter())
+                    .map(|(name, value)| pb::LabelPair { name, value })
+                    .collect(),
+                samples: vec![pb::RawSample {
+                    raw_profile: item.profile.clone(),
+                    id: item.id.clone(),
+                }],
+            }],
+        }
+        .encode_to_vec()
+    }
+
     /// Pushes `item` once.
     ///
-    /// Errors: the server cannot be reached or answers with a status other than 2xx (the text
-    /// gives the status and the start of the server's message).
+    /// Errors: the server cannot be reached or refuses the profile (Pyroscope: an HTTP status
+    /// other than 2xx, the text giving it and the start of the server's message; Parca: a
+    /// gRPC status other than OK, or a request past its 64 MiB message limit).
     pub fn send(&self, item: &Item) -> Result<(), Failure> {
-        let mut req = self
-            .agent
-            .post(&self.endpoint)
+        match &self.api {
+            Api::Pyroscope { agent, endpoint } => self.send_pyroscope(agent, endpoint, item),
+            Api::Parca(c) => c.send(&item.labels, &item.profile, &item.what),
+        }
+    }
+
+    fn send_pyroscope(
+        &self,
+        agent: &ureq::Agent,
+        endpoint: &str,
+        item: &Item,
+    ) -> Result<(), Failure> {
+        let mut req = agent
+            .post(endpoint)
             .header("Content-Type", "application/proto")
             .header("Connect-Protocol-Version", "1");
         if let Some(a) = &self.props.authorization {
@@ -304,7 +366,8 @@ impl Client {
             text: format!("push of {} to {} failed: {text}", item.what, self.props.url),
             retry,
         };
-        let mut resp = match req.send(&item.body[..]) {
+        let body = Self::pyroscope_body(item);
+        let mut resp = match req.send(&body[..]) {
             Ok(r) => r,
             Err(e) => return Err(fail(one_line(&e.to_string()), true)),
         };
@@ -382,16 +445,42 @@ pub fn base64(data: &[u8]) -> String {
     out
 }
 
-/// Pushes waiting to be sent, oldest first, bounded by [`QUEUE_ITEMS`] and [`QUEUE_BYTES`].
+/// A profile waiting to be pushed.
+#[derive(Debug)]
+enum Waiting {
+    /// Held in memory.
+    Memory(Item),
+    /// In the spool ([`Spool`]), read back when it is sent; `what` for messages.
+    Spooled { file: Stored, what: String },
+}
+
+impl Waiting {
+    fn what(&self) -> &str {
+        match self {
+            Waiting::Memory(i) => &i.what,
+            Waiting::Spooled { what, .. } => what,
+        }
+    }
+}
+
+/// Pushes waiting to be sent, oldest first. Without a spool they are held in memory, bounded by
+/// [`QUEUE_ITEMS`] and [`QUEUE_BYTES`]; with one ([`Queue::with_spool`]) each is written to it
+/// when queued and removed once the server took it, the spool bounded by its `max_bytes`. The
+/// oldest are dropped first past a bound, with one line each.
 #[derive(Debug)]
 pub struct Queue {
-    items: VecDeque<Item>,
-    bytes: usize,
+    items: VecDeque<Waiting>,
+    /// Bytes and count of the profiles held in memory.
+    memory_bytes: usize,
+    memory_items: usize,
+    /// Bytes of the spooled ones.
+    spool_bytes: u64,
+    spool: Option<Spool>,
     /// Failed tries in a row.
     failures: u32,
     /// When the next try is due.
     next_try: Instant,
-    /// Profiles dropped: the queue was full, or the server refused them for good.
+    /// Profiles dropped: the queue or spool was full, or the server refused them for good.
     pub dropped: u64,
     /// Profiles sent.
     pub sent: u64,
@@ -401,7 +490,10 @@ impl Default for Queue {
     fn default() -> Self {
         Queue {
             items: VecDeque::new(),
-            bytes: 0,
+            memory_bytes: 0,
+            memory_items: 0,
+            spool_bytes: 0,
+            spool: None,
             failures: 0,
             next_try: Instant::now(),
             dropped: 0,
@@ -411,9 +503,37 @@ impl Default for Queue {
 }
 
 impl Queue {
+    /// A queue kept in `spool`, starting with `left` (what an earlier watch left there, oldest
+    /// first: sent before anything new), the oldest of them dropped past the spool's bound.
+    pub fn with_spool(spool: Spool, left: Vec<Stored>) -> Queue {
+        let mut q = Queue {
+            spool: Some(spool),
+            ..Default::default()
+        };
+        for file in left {
+            q.spool_bytes += file.bytes;
+            let what = format!("{}", file.path.display());
+            q.items.push_back(Waiting::Spooled { file, what });
+        }
+        q.shrink_spool(0);
+        q
+    }
+
     /// Profiles waiting.
     pub fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// Profiles waiting in the spool.
+    pub fn spooled(&self) -> usize {
+        (self.items.iter())
+            .filter(|w| matches!(w, Waiting::Spooled { .. }))
+            .count()
+    }
+
+    /// The spool's directory, if the queue has one.
+    pub fn spool_dir(&self) -> Option<&std::path::Path> {
+        self.spool.as_ref().map(Spool::dir)
     }
 
     /// When the next try is due (`None`: nothing waits).
@@ -426,13 +546,78 @@ impl Queue {
         self.next_try = Instant::now();
     }
 
-    /// Appends `item`, dropping the oldest ones (one line each) past the bounds.
+    /// Drops the oldest spooled profiles until `more` bytes fit in the spool's bound.
+    fn shrink_spool(&mut self, more: u64) {
+        let Some(max) = self.spool.as_ref().map(Spool::max_bytes) else {
+            return;
+        };
+        while self.spool_bytes + more > max {
+            let Some(i) = (self.items.iter()).position(|w| matches!(w, Waiting::Spooled { .. }))
+            else {
+                return;
+            };
+            let Some(Waiting::Spooled { file, what }) = self.items.remove(i) else {
+                unreachable!("a spooled profile")
+            };
+            self.spool_bytes -= file.bytes;
+            self.dropped += 1;
+            if let Err(e) = Spool::remove(&file) {
+                eprintln!("heapdump: {e:#}");
+            }
+            eprintln!(
+                "heapdump: push spool full ({max} bytes at most, --spool-max-bytes): dropped the \
+                 oldest, of {what} ({} dropped so far)",
+                self.dropped
+            );
+        }
+    }
+
+    /// Appends `item`: to the spool if the queue has one (the oldest spooled dropped past its
+    /// bound), else (or if it cannot be written there) in memory, the oldest dropped past
+    /// [`QUEUE_ITEMS`] and [`QUEUE_BYTES`]; one line for each dropped.
     pub fn push(&mut self, item: Item) {
-        self.bytes += item.body.len();
-        self.items.push_back(item);
-        while self.items.len() > QUEUE_ITEMS || (self.bytes > QUEUE_BYTES && self.items.len() > 1) {
-            let old = self.items.pop_front().expect("not empty");
-            self.bytes -= old.body.len();
+        if self.spool.is_some() {
+            let bytes = Spool::encode(&item);
+            let max = self.spool.as_ref().map_or(0, Spool::max_bytes);
+            if bytes.len() as u64 <= max {
+                self.shrink_spool(bytes.len() as u64);
+                match self.spool.as_mut().expect("spool").store(&bytes) {
+                    Ok(file) => {
+                        self.spool_bytes += file.bytes;
+                        self.items.push_back(Waiting::Spooled {
+                            file,
+                            what: item.what,
+                        });
+                        return;
+                    }
+                    Err(e) => eprintln!(
+                        "heapdump: cannot spool the profile of {}: {e:#}; held in memory",
+                        item.what
+                    ),
+                }
+            } else {
+                eprintln!(
+                    "heapdump: the profile of {} ({} bytes) is larger than --spool-max-bytes \
+                     {max}: held in memory only",
+                    item.what,
+                    bytes.len()
+                );
+            }
+        }
+        self.memory_bytes += item.profile.len();
+        self.memory_items += 1;
+        self.items.push_back(Waiting::Memory(item));
+        while self.memory_items > QUEUE_ITEMS
+            || (self.memory_bytes > QUEUE_BYTES && self.memory_items > 1)
+        {
+            let i = (self.items.iter())
+                .position(|w| matches!(w, Waiting::Memory(_)))
+                .expect("an item in memory");
+            let Some(Waiting::Memory(old)) = self.items.remove(i) else {
+                unreachable!("an item in memory")
+            };
+            self.memory_bytes -= old.profile.len();
+            self.memory_items -= 1;
             self.dropped += 1;
             eprintln!(
                 "heapdump: push queue full ({} profiles, {} bytes at most): dropped the oldest, \
@@ -442,21 +627,56 @@ impl Queue {
         }
     }
 
+    /// Removes the first profile (sent or dropped), and its spool file.
+    fn pop_front(&mut self) {
+        match self.items.pop_front() {
+            Some(Waiting::Memory(i)) => {
+                self.memory_bytes -= i.profile.len();
+                self.memory_items -= 1;
+            }
+            Some(Waiting::Spooled { file, .. }) => {
+                self.spool_bytes -= file.bytes;
+                if let Err(e) = Spool::remove(&file) {
+                    eprintln!("heapdump: {e:#} (the next watch may send it again)");
+                }
+            }
+            None => {}
+        }
+    }
+
     /// Sends the waiting profiles in order while tries are due, stopping at the first failure
     /// (one line on stderr; the next try waits twice as long as the last, from
-    /// [`BACKOFF_MIN`] to [`BACKOFF_MAX`]). A profile the server refuses for good is dropped
-    /// with one line. `stop` is checked between profiles.
+    /// [`BACKOFF_MIN`] to [`BACKOFF_MAX`]). A profile the server refuses for good, or a
+    /// spooled one that cannot be read back, is dropped with one line. `stop` is checked
+    /// between profiles.
     pub fn pump(&mut self, client: &Client, stop: &dyn Fn() -> bool) {
-        while let Some(item) = self.items.front() {
+        while let Some(front) = self.items.front() {
             if Instant::now() < self.next_try || stop() {
                 return;
             }
+            let loaded;
+            let item = match front {
+                Waiting::Memory(i) => i,
+                Waiting::Spooled { file, .. } => match Spool::load(file) {
+                    Ok(i) => {
+                        loaded = i;
+                        &loaded
+                    }
+                    Err(e) => {
+                        self.dropped += 1;
+                        eprintln!("heapdump: {e:#}: not a profile to push (removed)");
+                        self.pop_front();
+                        continue;
+                    }
+                },
+            };
             match client.send(item) {
                 Ok(()) => {
                     if self.failures > 0 {
                         eprintln!(
                             "heapdump: push of {} succeeded after {} failed tries",
-                            item.what, self.failures
+                            front.what(),
+                            self.failures
                         );
                     }
                     self.failures = 0;
@@ -482,8 +702,7 @@ impl Queue {
                     return;
                 }
             }
-            let done = self.items.pop_front().expect("not empty");
-            self.bytes -= done.body.len();
+            self.pop_front();
         }
     }
 }
@@ -596,6 +815,7 @@ mod tests {
         for (i, f) in q.function.iter().enumerate() {
             assert_eq!(f.id, i as u64 + 1);
         }
+        assert_eq!(crate::parca::check_ids(&q), Ok(()), "what Parca validates");
         let comments: Vec<&str> = (q.comment.iter())
             .map(|&c| q.string_table[c as usize].as_str())
             .collect();

@@ -94,9 +94,30 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             multi::select(sel)?;
         }
     }
+    let client = w.push.as_ref().map(push::Client::new).transpose()?;
+    let mut queue = match (&w.dir, &client) {
+        (Some(dir), Some(_)) if w.spool_max_bytes > 0 => {
+            match crate::spool::Spool::open(dir, w.spool_max_bytes) {
+                Ok((spool, left)) => {
+                    if !left.is_empty() {
+                        eprintln!(
+                            "heapdump: {} profile(s) an earlier watch could not push are in {}: \
+                             sending them first",
+                            left.len(),
+                            spool.dir().display()
+                        );
+                    }
+                    push::Queue::with_spool(spool, left)
+                }
+                Err(e) => {
+                    eprintln!("heapdump: warning: {e:#}; unsent profiles wait in memory only");
+                    push::Queue::default()
+                }
+            }
+        }
+        _ => push::Queue::default(),
+    };
     install_signals();
-    let client = w.push.as_ref().map(push::Client::new);
-    let mut queue = push::Queue::default();
     let mut followed: BTreeMap<u32, Followed> = BTreeMap::new();
     let mut tally = Tally::default();
     let every = w.every.as_nanos();
@@ -168,9 +189,17 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             queue.pump(c, &stopped);
         }
         if queue.len() > 0 {
+            let kept = match queue.spool_dir() {
+                Some(d) if queue.spooled() > 0 => format!(
+                    "; {} kept in {} for the next watch with this -o",
+                    queue.spooled(),
+                    d.display()
+                ),
+                _ => String::new(),
+            };
             eprintln!(
                 "heapdump: {} profile(s) not pushed: the server did not take them before the \
-                 watch ended",
+                 watch ended{kept}",
                 queue.len()
             );
         }
@@ -424,9 +453,13 @@ fn report(t: &Tally, queue: Option<&push::Queue>) {
     let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     let pushed = match queue {
         Some(q) => format!(
-            ", {} pushed, {} not pushed",
+            ", {} pushed, {} not pushed{}",
             q.sent,
-            q.dropped + q.len() as u64
+            q.dropped + q.len() as u64,
+            match q.spooled() {
+                0 => String::new(),
+                n => format!(" ({n} spooled)"),
+            }
         ),
         None => String::new(),
     };

@@ -13,6 +13,7 @@
 #![allow(missing_docs)] // the fields are documented by profile.proto
 
 pub mod hdsnap;
+pub mod parca;
 pub mod pyroscope;
 
 /// A profile: samples over stack traces, with the tables they reference.
