@@ -664,9 +664,9 @@ temporary file in DIR. SIGINT or SIGTERM ends the watch after the current file (
 ends it at once); it then prints its own CPU time and peak memory.\n\nWith --push, a profile the \
 server does not take (unreachable; HTTP 408, 429 or 5xx; gRPC UNAVAILABLE, DEADLINE_EXCEEDED, \
 RESOURCE_EXHAUSTED, ...) waits and is tried again in order, 1 s after the failure, then doubling up \
-to 5 min; a watch that ends keeps trying for at most 30 s more. With -o DIR it waits on disk, in \
-DIR/.spool, up to --spool-max-bytes (a watch started later on the same DIR sends what is left \
-there first); without, in memory, at most 100 profiles and 64 MiB. Past the bound the oldest is \
+to 5 min. With -o DIR it waits on disk, in DIR/.spool, up to --spool-max-bytes, and a watch \
+started later on the same DIR sends what is left there first; without -o, in memory, at most 100 \
+profiles and 64 MiB, and a watch that ends keeps trying them for at most 30 s more. Past the bound the oldest is \
 dropped, counted on stderr. Other refusals (HTTP 400, 401, ...; gRPC INVALID_ARGUMENT, \
 UNAUTHENTICATED, PERMISSION_DENIED, ...) drop the profile with one line.\n\nExamples:\n  heapdump \
 watch --by-pid 1234 --every 30s -o heap/ --keep 100\n  heapdump watch --by-name server --every \

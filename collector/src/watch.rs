@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long a watch that ends (`--count`, or its `--by-pid` process exited) keeps trying to
-/// push what waits in the queue.
+/// push what waits in memory (what waits in the spool is left there for the next watch).
 pub const DRAIN: Duration = Duration::from_secs(30);
 
 /// Set by SIGINT and SIGTERM.
@@ -171,14 +171,15 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         beat = after;
     }
     if let Some(c) = &client {
-        // What waits gets tries with the same backoff for at most DRAIN (none when asked to
-        // stop).
+        // What waits only in memory gets tries with the same backoff for at most DRAIN (none
+        // when asked to stop); what is in the spool waits there for the next watch.
         let until = Instant::now() + DRAIN;
-        if queue.len() > 0 && !stopped() {
+        let in_memory = queue.len() > queue.spooled();
+        if in_memory && !stopped() {
             queue.retry_now();
         }
         while let Some(due) = queue.due() {
-            if stopped() || due > until {
+            if stopped() || due > until || queue.len() == queue.spooled() {
                 break;
             }
             let now = Instant::now();
