@@ -195,7 +195,7 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["by_pid", "by_name", "region", "multi_process"])))]
 #[command(
-    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.pb.gz --contents-dir blocks/ --with-strings\n  go tool pprof -tags s.pb.gz                      # the string labels\n  heapdump snapshot --by-pid 1234 --push http://pyroscope:4040 --label env=prod"
+    after_help = "Examples:\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg --sample-index alloc_space\n  heapdump snapshot --multi-process --tree 1234 -o all.pb.gz\n  go tool pprof -tagroot process_name,pid -top all.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.pb.gz --contents-dir blocks/ --with-strings\n  go tool pprof -tags s.pb.gz                      # the string labels\n  heapdump snapshot --by-pid 1234 --push http://pyroscope:4040 --label env=prod\n  heapdump snapshot --by-pid 1234 --push http://parca:7070 --push-format parca"
 )]
 pub struct SnapshotArgs {
     /// Process id of the target (its current image's region).
@@ -715,9 +715,9 @@ pub struct WatchArgs {
     #[command(flatten)]
     pub push: PushArgs,
     /// With -o DIR and --push: most bytes of profiles waiting in DIR/.spool for the server
-    /// (the oldest dropped first past it; 0: no spool, wait in memory only).
-    #[arg(long, value_name = "BYTES", default_value_t = crate::spool::DEFAULT_MAX_BYTES, requires = "push")]
-    pub spool_max_bytes: u64,
+    /// (the oldest dropped first past it; 0: no spool, wait in memory only). Default: 256 MiB.
+    #[arg(long, value_name = "BYTES", requires = "push")]
+    pub spool_max_bytes: Option<u64>,
 }
 
 /// Which processes `watch` follows.
@@ -769,6 +769,9 @@ impl TryFrom<WatchArgs> for WatchProps {
             (None, None) => Some(PathBuf::from(".")),
             (None, Some(_)) => None,
         };
+        if a.spool_max_bytes.is_some() && dir.is_none() {
+            bail!("--spool-max-bytes bounds the spool in -o DIR: give -o DIR");
+        }
         if a.keep.is_some() && dir.is_none() {
             bail!("--keep N keeps the newest files of -o DIR: give -o DIR");
         }
@@ -788,7 +791,7 @@ impl TryFrom<WatchArgs> for WatchProps {
             symbolize: !a.no_symbolize,
             lock_timeout: Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
             push,
-            spool_max_bytes: a.spool_max_bytes,
+            spool_max_bytes: a.spool_max_bytes.unwrap_or(crate::spool::DEFAULT_MAX_BYTES),
         })
     }
 }
