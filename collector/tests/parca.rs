@@ -700,6 +700,71 @@ fn a_watch_restarted_sends_what_the_previous_one_spooled_first_in_order() {
 }
 
 #[test]
+fn profiles_spooled_for_pyroscope_are_sent_to_parca_by_the_next_watch() {
+    if !can_run("profiles_spooled_for_pyroscope_are_sent_to_parca_by_the_next_watch") {
+        return;
+    }
+    // A Pyroscope that cannot be reached: a port bound, then closed.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let dir = region_dir("parca-spool-format");
+    let out = dir.with_extension("out");
+    let r = hold(&dir, 30, 500);
+    let pid = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid,
+            "--every",
+            "1s",
+            "--count",
+            "2",
+            "-o",
+            out.to_str().unwrap(),
+            "--push",
+            &down,
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(t.stderr.contains("(2 spooled)"), "{}", t.stderr);
+    assert!(
+        t.elapsed < Duration::from_secs(20),
+        "no 30 s drain: {:?}",
+        t.elapsed
+    );
+    assert_eq!(spooled(&out).len(), 2);
+    // The spool holds no format: a Parca watch sends them, with Parca's labels.
+    let server = FakeParca::start(0, 0);
+    let t = watch(
+        &dir,
+        &pid,
+        &server.url,
+        &["--count", "1", "-o", out.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let got: Vec<Pushed> = server.calls().iter().map(decode_call).collect();
+    assert_eq!(got.len(), 3, "{}", t.stderr);
+    for p in &got {
+        assert_eq!(p.labels["__name__"], "memory");
+        assert_eq!(p.labels["pid"], pid);
+        assert!(!p.labels.contains_key("__delta__"), "{:?}", p.labels);
+        assert_eq!(
+            sum_through(&p.profile, "hold_blocks"),
+            [0, 0, 31, 30 * 500 + 30 * 8]
+        );
+    }
+    assert!(got[0].profile.time_nanos < got[1].profile.time_nanos);
+    assert!(got[1].profile.time_nanos < got[2].profile.time_nanos);
+    assert_eq!(spooled(&out), Vec::<String>::new());
+}
+
+#[test]
 fn the_spool_is_bounded_oldest_dropped_first() {
     if !can_run("the_spool_is_bounded_oldest_dropped_first") {
         return;
@@ -750,4 +815,82 @@ fn the_spool_is_bounded_oldest_dropped_first() {
     let left = spooled(&out);
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(left[0] > one[0], "the newest is kept");
+}
+
+/// Not a check: the size and time of a Parca push of a 1 M-block process, for
+/// bench/RESULTS.md ("Fleet"). `cargo test --release --test parca -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_parca_push_of_a_million_blocks() {
+    let server = FakeParca::start(0, 0);
+    for (what, exe, arg, flags) in [
+        (
+            "bench/hold.c 1,000,000 blocks, 4 call paths",
+            "bench/hold.c",
+            "1000000",
+            &[][..],
+        ),
+        (
+            "many_stacks 20: 1,048,576 blocks, one stack each",
+            "examples/c/many_stacks.c",
+            "20",
+            &["-fno-optimize-sibling-calls"][..],
+        ),
+    ] {
+        let dir = region_dir("parca-measure");
+        let bin = target_dir().join("test-bins").join("fleet-measure");
+        let st = Command::new("cc")
+            .args(["-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(root().join(exe))
+            .args(flags)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mut cmd = Command::new(&bin);
+        cmd.arg(arg);
+        let r = start(cmd, &dir, true);
+        let pid = r.pid().to_string();
+        let out = dir.with_extension("pb.gz");
+        let mut files = Vec::new();
+        let mut pushes = Vec::new();
+        for _ in 0..3 {
+            let t = heapdump_timeout(
+                &dir,
+                &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+                Duration::from_secs(120),
+            );
+            assert_eq!(t.code, Some(0), "{t:?}");
+            files.push(t.elapsed.as_secs_f64());
+            let t = heapdump_timeout(
+                &dir,
+                &[
+                    "snapshot",
+                    "--by-pid",
+                    &pid,
+                    "--push",
+                    &server.url,
+                    "--push-format",
+                    "parca",
+                ],
+                Duration::from_secs(120),
+            );
+            assert_eq!(t.code, Some(0), "{t:?}");
+            pushes.push(t.elapsed.as_secs_f64());
+        }
+        let calls = server.calls();
+        let last = calls.last().unwrap();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let (f, p) = (median(&mut files), median(&mut pushes));
+        println!(
+            "| {what} | {} (gRPC message) | {} | {f:.2} | {p:.2} | {:+.2} |",
+            last.message.len(),
+            std::fs::metadata(&out).unwrap().len(),
+            p - f
+        );
+        drop(r);
+    }
 }
