@@ -363,8 +363,8 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
                 c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.stopped_in_operation
             ),
             None => format!(
-                "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations; lease held {} ns",
-                c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns, c.meta.lease_ns
+                "snapshot: {} live blocks, {} bytes; {} nodes scanned; waited {} ns for in-flight operations ({} read after the scan); lease held {} ns",
+                c.meta.blocks, c.meta.bytes, c.meta.nodes_scanned, c.meta.max_wait_ns, c.meta.resolved_after_scan, c.meta.lease_ns
             ),
         },
         format!(

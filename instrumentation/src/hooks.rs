@@ -231,7 +231,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
             }
         };
         if let Some(c) = closed {
-            RegionWriter::op_begin(slot);
+            RegionWriter::op_begin(slot, c);
             let (now, last) = w.stamp(now_ns());
             let old_size = w.erase_node(c, now);
             add(&slot.frees, 1);
@@ -243,7 +243,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
     if stack != u32::MAX {
         w.count_alloc(stack, slot_idx as usize, size);
     }
-    RegionWriter::op_begin(slot);
+    RegionWriter::op_begin(slot, node.unwrap_or(u32::MAX));
     let (now, _) = w.stamp(now_ns());
     t.set_last_now(now);
     match node {
@@ -265,7 +265,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
         state::PRESENCE.sub(addr);
     }
     let (slot_idx, slot) = acquire_slot(g, t);
-    RegionWriter::op_begin(slot);
+    RegionWriter::op_begin(slot, n);
     let (now, last) = g.writer.stamp(now_ns());
     t.set_last_now(now);
     let size = if size32 == u32::MAX {

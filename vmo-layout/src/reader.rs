@@ -12,11 +12,16 @@
 //! 1. store a lease `L = now` in the header (SeqCst), after the identity of its holder
 //!    (`lease_pid`, `lease_start_ticks`: writers free the lease of a dead holder) and with
 //!    `L > lease_last`; writers stop recycling nodes freed at or after `L`;
-//! 2. read the snapshot time `T = now`;
+//! 2. read the snapshot time `T = now` (with a writer that stamps every event after the
+//!    latest lease, `FLAG_LEASE_FLOOR`: `T = L`, at once);
 //! 3. for every thread slot that is inside an operation, wait until that operation ends
-//!    (one wait budget for all slots together);
+//!    (one wait budget for all slots together) — or, with a writer that says which record each
+//!    operation writes (`FLAG_OP_NODE`), pin up to `LEASE_PINNED` of those records
+//!    (`lease_pinned`: writers do not rewrite them), skip them in the scan and read them once
+//!    their operations have ended, after it;
 //! 4. scan the allocations table: a node is live at `T` iff `t_alloc <= T < t_free`, read under
 //!    the node's seqlock (`t_alloc` before and after);
+//!    publishing its progress (`lease_scanned`): nodes it has read may be rewritten at once;
 //! 5. clear the lease.
 //!
 //! A stopped writer (every thread stopped by SIGSTOP, ptrace or a freezer for the whole scan,
@@ -31,6 +36,9 @@ use std::fmt;
 use std::mem::size_of;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Nodes between two stores of the scan's progress ([`HeaderV1::lease_scanned`]).
+const PROGRESS_STEP: u64 = 1024;
 
 /// Why a region cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,8 +267,46 @@ pub struct SnapshotMeta {
     /// With `frozen`: thread slots found inside an operation window (stopped in the middle
     /// of an insert or erase), each resolved from its record.
     pub stopped_in_operation: u64,
+    /// Operations in flight at `T` whose records were read after the scan, once they had
+    /// ended, instead of being waited for before it (see [`FLAG_OP_NODE`]).
+    pub resolved_after_scan: u64,
     /// Problems that may make the snapshot inexact.
     pub warnings: Vec<String>,
+}
+
+/// What [`wait_op`] saw.
+struct OpWait {
+    waited_ns: u64,
+    /// The deadline passed with the operation still in progress.
+    stuck: bool,
+}
+
+/// Waits until the operation a slot was in when its sequence read `seq` has ended, or until
+/// `deadline` (precise ns): spins briefly, then yields.
+fn wait_op(slot: &ThreadSlotV1, seq: u64, deadline: u64) -> OpWait {
+    let began = precise_ns();
+    let mut spins = 0u32;
+    let mut stuck = false;
+    while slot.op_seq.load(Ordering::Acquire) == seq {
+        if began >= deadline {
+            stuck = true;
+            break;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) {
+            if precise_ns() > deadline {
+                stuck = true;
+                break;
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    OpWait {
+        waited_ns: precise_ns() - began,
+        stuck,
+    }
 }
 
 /// A validated region mapping.
@@ -426,7 +472,7 @@ impl<'a> Region<'a> {
     }
 
     /// Visits the thread slots among the first `count` that hold data, in order.
-    fn for_each_slot(&self, count: u64, mut f: impl FnMut(&ThreadSlotV1)) {
+    fn for_each_slot<'s>(&'s self, count: u64, mut f: impl FnMut(&'s ThreadSlotV1)) {
         self.data_runs(section::THREADS, count, |a, b| {
             for i in a..b {
                 if let Some(s) = self.at::<ThreadSlotV1>(section::THREADS, i) {
@@ -530,90 +576,110 @@ impl<'a> Region<'a> {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
         let mut leased_at = 0;
+        // Operations in flight at T whose node is pinned: (slot, op_seq seen, node).
+        let mut pinned: Vec<(&ThreadSlotV1, u64, u32)> = Vec::new();
+        let mut stuck: Vec<u32> = Vec::new();
+        let mut stuck_count = 0u64;
         let frozen = opts.live && opts.frozen;
         let live = opts.live && self.writable && !frozen;
-        let t =
-            if frozen {
-                self.frozen_instant(&mut meta)
-            } else if live {
-                // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
-                // the last one stored (at most a tick, and only right after another snapshot).
-                // Bounded: a crafted value in the future is not waited for (20 ms at most).
-                let last = h.lease_last.load(Ordering::SeqCst);
-                for _ in 0..100 {
-                    if now_ns() > last {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_micros(200));
+        let t = if frozen {
+            self.frozen_instant(&mut meta)
+        } else if live {
+            // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
+            // the last one stored (at most a tick, and only right after another snapshot).
+            // Bounded: a crafted value in the future is not waited for (20 ms at most).
+            let last = h.lease_last.load(Ordering::SeqCst);
+            for _ in 0..100 {
+                if now_ns() > last {
+                    break;
                 }
-                let lease = now_ns();
-                h.lease_last.store(lease, Ordering::SeqCst);
-                // Who holds the lease, stored before it (writers read it after the lease).
-                h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
-                h.lease_start_ticks
-                    .store(opts.lease_start_ticks, Ordering::SeqCst);
-                h.lease.store(lease, Ordering::SeqCst);
-                leased_at = precise_ns();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let lease = now_ns();
+            h.lease_last.store(lease, Ordering::SeqCst);
+            // Who holds the lease, stored before it (writers read it after the lease).
+            h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
+            h.lease_start_ticks
+                .store(opts.lease_start_ticks, Ordering::SeqCst);
+            // No progress yet for this lease (reset before the lease is visible: a writer
+            // that sees the new lease sees no older scan's progress as this one's).
+            h.lease_scanned.store(0, Ordering::SeqCst);
+            h.lease_scanned_for.store(lease, Ordering::SeqCst);
+            h.lease.store(lease, Ordering::SeqCst);
+            leased_at = precise_ns();
+            let t = if h.flags & FLAG_LEASE_FLOOR != 0 {
+                // Every event whose window opens after the lease was stored is stamped
+                // after it: the lease is T, and nothing is waited for.
+                lease
+            } else {
                 let t = now_ns();
-                // Every clock reading taken after this loop is strictly greater than T. The clock
-                // ticks every 1–4 ms: sleep rather than spin.
+                // Every clock reading taken after this loop is strictly greater than T. The
+                // clock ticks every 1–4 ms: sleep rather than spin.
                 while now_ns() <= t {
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
-                let threads = h
-                    .thread_count
-                    .load(Ordering::SeqCst)
-                    .min(self.cap(section::THREADS));
-                // One wait budget for all slots together: a region whose slots all look busy
-                // (a stopped process, a crafted file) costs `wait_timeout` once, not per slot.
-                let start = precise_ns();
-                let deadline = start.saturating_add(opts.wait_timeout.as_nanos() as u64);
-                let mut stuck: Vec<u32> = Vec::new();
-                let mut stuck_count = 0u64;
-                self.for_each_slot(threads, |slot| {
-                    let s = slot.op_seq.load(Ordering::SeqCst);
-                    if s & 1 == 0 {
-                        return;
-                    }
-                    let began = precise_ns();
-                    let mut spins = 0u32;
-                    while slot.op_seq.load(Ordering::Acquire) == s {
-                        if began >= deadline {
-                            stuck_count += 1;
-                            if stuck.len() < 8 {
-                                stuck.push(slot.tid.load(Ordering::Relaxed));
-                            }
-                            break;
-                        }
-                        spins = spins.wrapping_add(1);
-                        if spins.is_multiple_of(256) {
-                            if precise_ns() > deadline {
-                                stuck_count += 1;
-                                if stuck.len() < 8 {
-                                    stuck.push(slot.tid.load(Ordering::Relaxed));
-                                }
-                                break;
-                            }
-                            std::thread::yield_now();
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
-                    meta.max_wait_ns = meta.max_wait_ns.max(precise_ns() - began);
-                });
-                if stuck_count > 0 {
-                    meta.warnings.push(format!(
-                    "{stuck_count} thread(s) stayed inside the allocator past the {:?} wait for \
-                     operations in progress (tids {stuck:?}{}); those operations may be missing",
-                    opts.wait_timeout,
-                    if stuck_count > stuck.len() as u64 { ", …" } else { "" }
-                ));
-                }
-                fence(Ordering::SeqCst);
                 t
-            } else {
-                TIME_NONE - 1
             };
+            let threads = h
+                .thread_count
+                .load(Ordering::SeqCst)
+                .min(self.cap(section::THREADS));
+            // Operations in flight now. Their records may be half written: with a writer
+            // that says which node each window writes (FLAG_OP_NODE), up to LEASE_PINNED of
+            // them are pinned — writers may not rewrite those nodes — and read again once
+            // the operation has ended, after the scan; the others are waited for now.
+            let by_node = h.flags & FLAG_OP_NODE != 0;
+            let mut wait_now: Vec<(&ThreadSlotV1, u64)> = Vec::new();
+            self.for_each_slot(threads, |slot| {
+                let s = slot.op_seq.load(Ordering::SeqCst);
+                if s & 1 == 0 {
+                    return;
+                }
+                if !by_node {
+                    wait_now.push((slot, s));
+                    return;
+                }
+                let n = slot.op_node.load(Ordering::Acquire);
+                if slot.op_seq.load(Ordering::SeqCst) != s {
+                    return; // ended meanwhile: its writes are visible to us
+                }
+                if n == u32::MAX {
+                    return; // a window that writes no record (a dropped block)
+                }
+                // Two windows never write one node but in a damaged region: pin it once
+                // (and read it once), wait for the other before the scan.
+                if pinned.len() < LEASE_PINNED && !pinned.iter().any(|&(_, _, m)| m == n) {
+                    pinned.push((slot, s, n));
+                } else {
+                    wait_now.push((slot, s));
+                }
+            });
+            for (i, &(_, _, n)) in pinned.iter().enumerate() {
+                h.lease_pinned[i].store(n, Ordering::Relaxed);
+            }
+            // Published by the progress stores (Release) that follow: a writer that may
+            // rewrite a scanned node sees the pins first.
+            h.lease_pinned_count
+                .store(pinned.len() as u32, Ordering::Release);
+            // One wait budget for all slots together: a region whose slots all look busy
+            // (a stopped process, a crafted file) costs `wait_timeout` once, not per slot.
+            let start = precise_ns();
+            let deadline = start.saturating_add(opts.wait_timeout.as_nanos() as u64);
+            for &(slot, s) in &wait_now {
+                let w = wait_op(slot, s, deadline);
+                meta.max_wait_ns = meta.max_wait_ns.max(w.waited_ns);
+                if w.stuck {
+                    stuck_count += 1;
+                    if stuck.len() < 8 {
+                        stuck.push(slot.tid.load(Ordering::Relaxed));
+                    }
+                }
+            }
+            fence(Ordering::SeqCst);
+            t
+        } else {
+            TIME_NONE - 1
+        };
         // A named snapshot's instant is in the past: the consistency protocol above still runs
         // (operations in flight now are waited for), then blocks are judged at that instant.
         let t = match opts.at {
@@ -627,34 +693,92 @@ impl<'a> Region<'a> {
             .load(Ordering::Acquire)
             .min(self.cap(section::ALLOCATIONS));
         let mut scanned = 0u64;
+        // The block node `i` holds if it was live at T (and born after `born_after`), read
+        // under its seqlock.
+        let judge = |i: u64| -> Option<Block> {
+            let n = self.at::<NodeV1>(section::ALLOCATIONS, i)?;
+            let a1 = n.t_alloc.load(Ordering::Acquire);
+            if a1 > t || a1 <= born_after {
+                return None;
+            }
+            let block = Block {
+                address: n.address.load(Ordering::Relaxed),
+                size: n.size.load(Ordering::Relaxed),
+                t_alloc: a1,
+                stack: n.stack.load(Ordering::Relaxed),
+                thread: n.thread.load(Ordering::Relaxed),
+            };
+            let t_free = n.t_free.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if n.t_alloc.load(Ordering::Relaxed) != a1 || t_free <= t {
+                return None;
+            }
+            Some(block)
+        };
+        // With a lease, tell writers how far the scan got (every PROGRESS_STEP nodes): what it
+        // has read they may rewrite, pinned nodes excepted.
+        let progress = live.then_some(&h.lease_scanned);
+        let is_pinned = |i: u64| pinned.iter().any(|&(_, _, n)| n as u64 == i);
         self.data_runs(section::ALLOCATIONS, nodes, |a, b| {
             scanned += b - a;
             for i in a..b {
-                let Some(n) = self.at::<NodeV1>(section::ALLOCATIONS, i) else {
+                if let Some(p) = progress {
+                    if i % PROGRESS_STEP == 0 {
+                        p.store(i, Ordering::Release);
+                    }
+                }
+                if !pinned.is_empty() && is_pinned(i) {
+                    continue; // read once its operation has ended, below
+                }
+                if self.at::<NodeV1>(section::ALLOCATIONS, i).is_none() {
                     break;
-                };
-                let a1 = n.t_alloc.load(Ordering::Acquire);
-                if a1 > t || a1 <= born_after {
-                    continue;
                 }
-                let block = Block {
-                    address: n.address.load(Ordering::Relaxed),
-                    size: n.size.load(Ordering::Relaxed),
-                    t_alloc: a1,
-                    stack: n.stack.load(Ordering::Relaxed),
-                    thread: n.thread.load(Ordering::Relaxed),
-                };
-                let t_free = n.t_free.load(Ordering::Relaxed);
-                fence(Ordering::Acquire);
-                if n.t_alloc.load(Ordering::Relaxed) != a1 || t_free <= t {
-                    continue;
+                if let Some(block) = judge(i) {
+                    meta.blocks += 1;
+                    meta.bytes = meta.bytes.wrapping_add(block.size);
+                    visit(&block);
                 }
-                meta.blocks += 1;
-                meta.bytes = meta.bytes.wrapping_add(block.size);
-                visit(&block);
+            }
+            if let Some(p) = progress {
+                p.store(b, Ordering::Release);
             }
             true
         });
+        // The pinned nodes, once the operations writing them at T have ended (one budget for
+        // all of them; an operation still unfinished past it is read as it is, as a stopped
+        // writer's is).
+        if !pinned.is_empty() {
+            let deadline = precise_ns().saturating_add(opts.wait_timeout.as_nanos() as u64);
+            for &(slot, s, n) in &pinned {
+                let w = wait_op(slot, s, deadline);
+                meta.max_wait_ns = meta.max_wait_ns.max(w.waited_ns);
+                if w.stuck {
+                    stuck_count += 1;
+                    if stuck.len() < 8 {
+                        stuck.push(slot.tid.load(Ordering::Relaxed));
+                    }
+                }
+                fence(Ordering::Acquire);
+                if let Some(block) = judge(n as u64) {
+                    meta.blocks += 1;
+                    meta.bytes = meta.bytes.wrapping_add(block.size);
+                    visit(&block);
+                }
+            }
+            meta.resolved_after_scan = pinned.len() as u64;
+        }
+        if stuck_count > 0 {
+            meta.warnings.push(format!(
+                "{stuck_count} thread(s) stayed inside the allocator past the {:?} wait for \
+                 operations in progress (tids {stuck:?}{}); those operations may be missing",
+                opts.wait_timeout,
+                if stuck_count > stuck.len() as u64 {
+                    ", …"
+                } else {
+                    ""
+                }
+            ));
+        }
         meta.nodes_scanned = scanned;
         if frozen {
             // Every stamp the target writes once it resumes must be later than `T` (as in the
@@ -680,6 +804,9 @@ impl<'a> Region<'a> {
         if live {
             let took = now_ns().saturating_sub(t);
             h.lease.store(0, Ordering::SeqCst);
+            h.lease_scanned_for.store(0, Ordering::SeqCst);
+            h.lease_scanned.store(0, Ordering::SeqCst);
+            h.lease_pinned_count.store(0, Ordering::SeqCst);
             meta.lease_ns = precise_ns().saturating_sub(leased_at);
             if took + 1_000_000_000 > LEASE_NS {
                 meta.warnings.push(format!(

@@ -118,7 +118,7 @@ pub struct HeaderV1 {
     pub section_entry_size: u32,
     /// Process id of the writer.
     pub pid: u32,
-    /// Zero.
+    /// Features of the writer: an or of `FLAG_*` bits (0 for the first release of v1).
     pub flags: u32,
     /// Process start time in clock ticks since boot (`/proc/PID/stat` field 22).
     pub start_ticks: u64,
@@ -175,7 +175,22 @@ pub struct HeaderV1 {
     pub named_held: AtomicU64,
     /// Nodes of ALLOCATIONS handed out so far (bump cursor, multiples of a batch).
     pub node_cursor: AtomicU64,
-    _pad2: [u8; 56],
+    /// The lease whose scan [`Self::lease_scanned`] describes (0: none). Added after the
+    /// first release of v1: older readers leave it 0 (or a value from an earlier lease of a
+    /// newer reader, never equal to their own lease, since lease values only grow).
+    pub lease_scanned_for: AtomicU64,
+    /// Entries `[0, lease_scanned)` of ALLOCATIONS the reader holding lease
+    /// [`Self::lease_scanned_for`] has finished reading: a writer may rewrite those whatever
+    /// their `t_free`, which keeps the allocations table from growing with every snapshot of a
+    /// busy process (records freed during a snapshot become reusable as its scan passes them).
+    pub lease_scanned: AtomicU64,
+    /// Entries of [`Self::lease_pinned`] in use for the lease [`Self::lease_scanned_for`].
+    pub lease_pinned_count: AtomicU32,
+    /// Nodes written by operations that were in flight at the snapshot's instant: the reader
+    /// reads them again once those operations end, so writers must not rewrite them even
+    /// where [`Self::lease_scanned`] would let them (`u32::MAX`: unused).
+    pub lease_pinned: [AtomicU32; LEASE_PINNED],
+    _pad2: [u8; 4],
     /// Stack entries handed out so far.
     pub stack_count: AtomicU64,
     /// Frames of STACK_FRAMES handed out so far.
@@ -210,6 +225,22 @@ const _: () = assert!(offset_of!(HeaderV1, lease_pid) == 144);
 const _: () = assert!(offset_of!(HeaderV1, lease_start_ticks) == 152);
 const _: () = assert!(offset_of!(HeaderV1, lease_last) == 160);
 const _: () = assert!(offset_of!(HeaderV1, node_cursor) == 192);
+const _: () = assert!(offset_of!(HeaderV1, lease_scanned_for) == 200);
+const _: () = assert!(offset_of!(HeaderV1, lease_scanned) == 208);
+const _: () = assert!(offset_of!(HeaderV1, lease_pinned_count) == 216);
+
+/// Capacity of [`HeaderV1::lease_pinned`]: a reader that finds more operations in flight waits
+/// for the others before its scan, as readers without the pin list do.
+pub const LEASE_PINNED: usize = 8;
+
+/// [`HeaderV1::flags`] bit: the writer stores [`ThreadSlotV1::op_node`] before each operation
+/// window, so a reader need not wait for operations in flight before it scans (it pins their
+/// nodes and reads them again afterwards). Writers of the first release of v1 leave it 0.
+pub const FLAG_OP_NODE: u32 = 1;
+/// [`HeaderV1::flags`] bit: every event is stamped after [`HeaderV1::lease_last`] (see
+/// `RegionWriter::stamp`), so a reader may take its lease value as its instant `T` without
+/// waiting for the clock to pass it. Writers of the first release of v1 leave it 0.
+pub const FLAG_LEASE_FLOOR: u32 = 2;
 const _: () = assert!(offset_of!(HeaderV1, named_hold_limit) == 96);
 const _: () = assert!(offset_of!(HeaderV1, named_last) == 168);
 const _: () = assert!(offset_of!(HeaderV1, named_floor) == 104);
@@ -313,8 +344,13 @@ pub struct ThreadSlotV1 {
     pub free_bytes: AtomicU64,
     /// Blocks not recorded because the allocations table was full.
     pub dropped: AtomicU64,
-    _reserved: [u64; 7],
+    /// The node the current (or last) operation window writes, stored before the window opens
+    /// (`u32::MAX`: none); see [`FLAG_OP_NODE`].
+    pub op_node: AtomicU32,
+    _reserved0: u32,
+    _reserved: [u64; 6],
 }
+const _: () = assert!(offset_of!(ThreadSlotV1, op_node) == 72);
 const _: () = assert!(size_of::<ThreadSlotV1>() == 128);
 /// `ThreadSlotV1::state`: never used or released by an exited thread.
 pub const SLOT_FREE: u32 = 0;

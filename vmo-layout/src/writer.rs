@@ -88,6 +88,7 @@ impl RegionWriter {
         h.exe_ino = id.exe_ino;
         h.sample_interval = id.sample_interval;
         h.named_hold_limit = NAMED_HOLD_DEFAULT;
+        h.flags = FLAG_OP_NODE | FLAG_LEASE_FLOOR;
         h.sections[..section::COUNT].copy_from_slice(&sections);
         copy_truncated(&mut h.exe_path, id.exe_path);
         copy_truncated(&mut h.cmdline, id.cmdline);
@@ -203,18 +204,29 @@ impl RegionWriter {
     /// its own clock earlier and gets a stamp `<= N` (it happened before the snapshot); an
     /// event that loads `u64::MAX` is concurrent with it, stamped after the previous one, and
     /// keeps its record if it is a free (see `take_named_snapshot`).
+    ///
+    /// Stamps are also after the latest snapshot lease (`lease_last`, [`FLAG_LEASE_FLOOR`]):
+    /// a reader takes its lease value as its instant `T` at once instead of waiting for the
+    /// coarse clock to pass it, since an event whose window opened after the lease was stored
+    /// loads it and is stamped after `T`. A value more than a second ahead of the clock (a
+    /// damaged header) is ignored. Both floors live in the header line the call loads anyway.
     #[inline]
     pub fn stamp(&self, t: u64) -> (u64, u64) {
         let h = self.header();
         let last = h.named_last.load(Ordering::SeqCst);
-        if last == 0 {
-            return (t, 0);
-        }
-        let floor = if last == TIME_NONE {
-            h.named_floor.load(Ordering::SeqCst)
+        let leased = h.lease_last.load(Ordering::SeqCst);
+        let mut floor = if leased <= t.saturating_add(1_000_000_000) {
+            leased
         } else {
-            last
+            0
         };
+        if last != 0 {
+            floor = floor.max(if last == TIME_NONE {
+                h.named_floor.load(Ordering::SeqCst)
+            } else {
+                last
+            });
+        }
         (if t <= floor { floor + 1 } else { t }, last)
     }
 
@@ -415,7 +427,30 @@ impl RegionWriter {
         if !ok(h.fork_lease.load(Ordering::SeqCst)) {
             return false;
         }
-        ok(lease) || self.lease_holder_gone(lease, now)
+        ok(lease) || self.scanned_by(lease, index) || self.lease_holder_gone(lease, now)
+    }
+
+    /// Whether the reader holding `lease` (as just loaded) has finished reading node `index`
+    /// ([`HeaderV1::lease_scanned`]). Loaded after the lease: a reader resets the progress
+    /// before it stores a new lease, so progress read for this lease is this scan's or a
+    /// later lease's, under whose rule the node is reusable too. The Acquire (SeqCst) load
+    /// pairs with the reader's store after its reads of the node: they happen before our
+    /// rewrite.
+    ///
+    /// Nodes the reader pinned ([`HeaderV1::lease_pinned`], read after the progress, which
+    /// the reader stores after the pins) stay unwritable until the lease ends.
+    #[inline]
+    fn scanned_by(&self, lease: u64, index: u32) -> bool {
+        let h = self.header();
+        if h.lease_scanned_for.load(Ordering::SeqCst) != lease
+            || index as u64 >= h.lease_scanned.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        let pins = (h.lease_pinned_count.load(Ordering::Acquire) as usize).min(LEASE_PINNED);
+        !h.lease_pinned[..pins]
+            .iter()
+            .any(|p| p.load(Ordering::Relaxed) == index)
     }
 
     /// Called when `lease` (as just loaded) blocks a rewrite: whether its holder is known to
@@ -676,10 +711,13 @@ impl RegionWriter {
         self.thread(index).state.store(SLOT_FREE, Ordering::Release);
     }
 
-    /// Starts an insert/erase on the caller's own slot. Read the operation's timestamp after
-    /// this returns. SeqCst: a reader that saw the slot idle reads its clock before ours.
+    /// Starts an insert/erase of record `node` (`u32::MAX`: none) on the caller's own slot.
+    /// Read the operation's timestamp after this returns. SeqCst: a reader that saw the slot
+    /// idle reads its clock before ours; `op_node` is stored first, so a reader that sees the
+    /// window open sees which node it writes.
     #[inline]
-    pub fn op_begin(slot: &ThreadSlotV1) {
+    pub fn op_begin(slot: &ThreadSlotV1, node: u32) {
+        slot.op_node.store(node, Ordering::Release);
         let s = slot.op_seq.load(Ordering::Relaxed);
         slot.op_seq.store(s | 1, Ordering::SeqCst);
     }
