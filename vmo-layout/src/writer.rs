@@ -159,11 +159,13 @@ impl RegionWriter {
     }
 
     /// The region header.
+    #[inline]
     pub fn header(&self) -> &HeaderV1 {
         // SAFETY: `create` checked the mapping holds a header; shared fields are atomics.
         unsafe { &*(self.base as *const HeaderV1) }
     }
 
+    #[inline]
     fn entry<T>(&self, kind: u32, index: u64) -> &T {
         let s = &self.sections[kind as usize - 1];
         debug_assert!(index < s.capacity);
@@ -176,6 +178,7 @@ impl RegionWriter {
         }
     }
 
+    #[inline]
     fn capacity(&self, kind: u32) -> u64 {
         self.sections[kind as usize - 1].capacity
     }
@@ -328,6 +331,7 @@ impl RegionWriter {
     // ---- allocations table -------------------------------------------------------------
 
     /// Number of nodes the allocations table holds.
+    #[inline]
     pub fn node_capacity(&self) -> u64 {
         self.capacity(section::ALLOCATIONS)
     }
@@ -363,6 +367,7 @@ impl RegionWriter {
     }
 
     /// The node at `index` (< [`Self::node_capacity`]).
+    #[inline]
     pub fn node(&self, index: u32) -> &NodeV1 {
         assert!((index as u64) < self.node_capacity());
         self.entry(section::ALLOCATIONS, index as u64)
@@ -371,6 +376,7 @@ impl RegionWriter {
     /// Writes a live block into node `index` with allocation time `t` (ns).
     ///
     /// Seqlock order: `t_alloc = TIME_NONE` first, fields, then `t_alloc = t` (Release).
+    #[inline]
     pub fn publish_node(&self, index: u32, address: u64, size: u64, stack: u32, tid: u32, t: u64) {
         let n = self.node(index);
         n.t_alloc.store(TIME_NONE, Ordering::Relaxed);
@@ -405,6 +411,7 @@ impl RegionWriter {
     }
 
     /// Marks node `index` freed at `t` (ns) and returns its size in bytes.
+    #[inline]
     pub fn erase_node(&self, index: u32, t: u64) -> u64 {
         let n = self.node(index);
         n.t_free.store(t, Ordering::Release);
@@ -667,6 +674,7 @@ impl RegionWriter {
     // ---- threads ----------------------------------------------------------------------
 
     /// Thread slot `index` (< thread capacity).
+    #[inline]
     pub fn thread(&self, index: u32) -> &ThreadSlotV1 {
         assert!((index as u64) < self.capacity(section::THREADS));
         self.entry(section::THREADS, index as u64)
