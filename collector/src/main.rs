@@ -47,7 +47,11 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::List(a) => list(a),
-        Command::Snapshot(a) => SnapshotProps::try_from(a).and_then(snapshot),
+        Command::Snapshot(a) => {
+            // The whole one-shot snapshot runs raised where allowed (see `priority`).
+            let _boost = priority::Boost::raise();
+            SnapshotProps::try_from(a).and_then(snapshot)
+        }
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
         Command::Watch(a) => cli::WatchProps::try_from(a).and_then(|w| watch::watch(&w)),
