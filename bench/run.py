@@ -33,6 +33,11 @@ What it does, in order:
    and with back-to-back snapshots (p50, p99, p99.9, max); then the fixed footprint: peak RSS of
    bench/nop.c (allocates almost nothing) with and without the shim.
    (Sections 6 and 7 are numbered in the order they run.)
+8. Continuous snapshots (section "continuous", before the latency one; issue 13's goals 3 and
+   4): examples/c/churn.c with 32 threads × 5,000 live 48 B blocks under `heapdump watch
+   --every 1s` for --continuous-seconds (60), in the collector's session and in one of its own:
+   the region's record high-water per live block, and the first vs last snapshots' lease, wait
+   and wall time; then bench/latency.c with THREADS=32 over 160,000 blocks, as in 7.
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
 user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
@@ -765,13 +770,17 @@ def snapshot_bench(hold_exe, sizes, args):
     return header + rows, notes
 
 
-def latency_bench(exe, args):
+def latency_bench(exe, args, hold=None, threads=1):
     """p50/p99/p99.9 of a target's free+malloc latency in alternating phases without and with
-    back-to-back snapshots. Returns (table lines, notes)."""
-    hold, seconds, rounds = args.latency_blocks, 2.0, max(3, args.rounds)
+    back-to-back snapshots: `hold` live blocks (default --latency-blocks) split among `threads`
+    replacing threads (bench/latency.c's THREADS), percentiles over all threads' samples.
+    Returns (table lines, notes)."""
+    hold = args.latency_blocks if hold is None else hold
+    seconds, rounds = 2.0, max(3, args.rounds)
     tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
     env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
-    p = subprocess.Popen([exe, str(hold), str(seconds)], env=env, stdin=subprocess.PIPE,
+    argv = [exe, str(hold), str(seconds)] + ([str(threads)] if threads != 1 else [])
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     phases = {"quiet": [], "snap": []}
     snaps = []
@@ -1168,16 +1177,23 @@ def section_rust(args):
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 
+def build_churn(cc):
+    """Compile examples/c/churn.c (N threads each replacing K live blocks at full speed) into
+    target/bench/churn. Returns its path."""
+    src = os.path.join(REPO, "examples", "c", "churn.c")
+    exe = os.path.join(BUILD_DIR, "churn")
+    r = subprocess.run([cc] + CFLAGS + ["-o", exe, src], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"build of {src} failed: {_tail(r.stderr)}")
+    return exe
+
+
 def section_threads(args):
     """Snapshots of a busy and of a stopped many-threaded target (issue 13): the same 160,000
     live blocks held by 2 and by 32 churning threads, the collector privileged (root or
     CAP_SYS_NICE: it runs at nice -10 while it holds the lease) and not (CAP_SYS_NICE dropped
     with setpriv), and the 32 threads stopped with SIGSTOP (read without waiting)."""
-    src = os.path.join(REPO, "examples", "c", "churn.c")
-    exe = os.path.join(BUILD_DIR, "churn")
-    r = subprocess.run([args.cc] + CFLAGS + ["-o", exe, src], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"build of {src} failed: {_tail(r.stderr)}")
+    exe = build_churn(args.cc)
     live, size, shots = 160_000, 48, max(5, 2 * args.rounds)
     setpriv = shutil.which("setpriv")
     unpriv = ([setpriv, "--inh-caps=-sys_nice", "--bounding-set=-sys_nice"]
@@ -1296,6 +1312,163 @@ def section_threads(args):
     return out + rows + [""] + [f"- {n}" for n in notes] + [""]
 
 
+NODE_CURSOR_OFFSET = 192  # the region header's node_cursor (layout v1): records handed out
+
+
+def region_node_cursor(path):
+    """Records handed out so far in a region file (its header's node_cursor, a little-endian
+    u64): the high-water of the allocations table, never lowered."""
+    with open(path, "rb") as f:
+        f.seek(NODE_CURSOR_OFFSET)
+        return int.from_bytes(f.read(8), "little")
+
+
+def continuous_watch(exe, args, threads, per_thread, size, own):
+    """Goal 3 of issue 13: `heapdump watch --every 1s` for --continuous-seconds against a churn
+    target (threads × per_thread live blocks), in the collector's session or (own) in one of
+    its own. Returns a dict of what was measured."""
+    secs = args.continuous_seconds
+    live = threads * per_thread
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    outdir = tempfile.mkdtemp(prefix="heapdump-bench-watch-", dir=shm_dir())
+    env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp)
+    p = subprocess.Popen([exe, str(threads), str(per_thread), str(size)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=own)
+    try:
+        line = p.stdout.readline().decode()
+        if not line.startswith("ready "):
+            raise RuntimeError(f"churn {threads}: unexpected output {line!r}")
+        time.sleep(0.5)
+        regions = glob.glob(os.path.join(tmp, f"{p.pid}-*.heapdump"))
+        if len(regions) != 1:
+            raise RuntimeError(f"expected one region for pid {p.pid}, found {len(regions)}")
+        before = region_node_cursor(regions[0])
+        # The watch runs in the harness's session (not run_measured's session of its own), so
+        # that "the collector's session" means the same as in the threads section.
+        r = subprocess.run([HEAPDUMP, "watch", "--by-pid", str(p.pid), "--every", "1s",
+                            "--count", str(secs), "-o", outdir],
+                           env=env_without_preload(env), capture_output=True, text=True,
+                           timeout=secs + args.timeout)
+        after = region_node_cursor(regions[0])
+        region_bytes = os.stat(regions[0]).st_blocks * 512
+        if r.returncode != 0:
+            raise RuntimeError(f"watch failed: {_tail(r.stderr)}")
+        # DIR/NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz: the name carries the beat's time (beats are at
+        # whole seconds with --every 1s) and the file is written last thing before its rename,
+        # so mtime - beat = that snapshot's wall time (snapshot, symbolization, profile).
+        shots = []
+        for path in sorted(glob.glob(os.path.join(outdir, f"*-{p.pid}-*Z.pb.gz"))):
+            m = re.search(r"-(\d{8}T\d{6})Z\.pb\.gz$", path)
+            beat = datetime.datetime.strptime(m.group(1), "%Y%m%dT%H%M%S").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+            wall = os.stat(path).st_mtime_ns / 1e9 - beat
+            with gzip.open(path) as f:
+                data = f.read()  # the comments are plain strings of the string table
+
+            def num(pattern):
+                m = re.search(pattern, data)
+                return int(m.group(1)) if m else None
+            shots.append({"wall": wall,
+                          "nodes": num(rb"(\d+) nodes scanned"),
+                          "waited": num(rb"waited (\d+) ns for in-flight"),
+                          "lease": num(rb"lease held (\d+) ns")})
+        if not shots:
+            raise RuntimeError(f"watch wrote no profiles: {_tail(r.stderr)}")
+        m = re.search(r"watch ended: (\d+) beats \((\d+) skipped\), (\d+) files written, "
+                      r"(\d+) failures; own CPU time ([\d.]+) s", r.stderr)
+        summary = ({"beats": int(m.group(1)), "skipped": int(m.group(2)),
+                    "files": int(m.group(3)), "failures": int(m.group(4)),
+                    "cpu": float(m.group(5))} if m else None)
+        return {"live": live, "before": before, "after": after, "region_bytes": region_bytes,
+                "shots": shots, "summary": summary}
+    finally:
+        p.stdin.close()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+def section_continuous(args, exes):
+    """Continuous snapshots of a many-threaded target (issue 13, goals 3 and 4): the region's
+    high-water and the snapshot times under `heapdump watch --every 1s`, and the target's own
+    allocation latency at 32 threads with and without back-to-back snapshots."""
+    exe = build_churn(args.cc)
+    threads, per_thread, size, secs = 32, 5000, 48, args.continuous_seconds
+    live = threads * per_thread
+    priv = "root" if os.geteuid() == 0 else "not root (nice 0 throughout)"
+
+    def med(v):
+        v = [x for x in v if x is not None]
+        return statistics.median(v) if v else float("nan")
+
+    rows, notes = [], []
+    for own in (False, True):
+        session = "own" if own else "collector's"
+        log(f"continuous: watch --every 1s for {secs} s, {threads} threads in the {session} "
+            "session")
+        try:
+            res = continuous_watch(exe, args, threads, per_thread, size, own)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            rows.append(f"| {session} | failed: {e} | | | | | | | | | |")
+            continue
+        shots = res["shots"]
+        k = min(10, max(1, len(shots) // 2))  # first/last k: 10 over a minute, fewer if short
+        first, last = shots[:k], shots[-k:]
+        per_block = res["after"] / live
+        s = res["summary"]
+        beats = (f"{s['files']} ({s['skipped']} skipped, {s['failures']} failed)" if s
+                 else str(len(shots)))
+
+        def ms(v):
+            return f"{v / 1e6:.0f}"
+        rows.append(
+            f"| {session} | {beats} | {res['before']} → {res['after']} | {per_block:.2f} | "
+            f"{res['region_bytes'] / 2**20:.0f} | {shots[0]['nodes']} / {shots[-1]['nodes']} | "
+            f"{ms(med(x['lease'] for x in first))} / {ms(med(x['lease'] for x in last))} | "
+            f"{ms(med(x['waited'] for x in first))} / {ms(med(x['waited'] for x in last))} | "
+            f"{med(x['wall'] for x in first):.3f} / {med(x['wall'] for x in last):.3f} | "
+            f"{max(x['wall'] for x in shots):.3f} | "
+            f"{s['cpu'] if s else float('nan'):.2f} |")
+        lease_ratio = med(x["lease"] for x in last) / med(x["lease"] for x in first)
+        wall_ratio = med(x["wall"] for x in last) / med(x["wall"] for x in first)
+        notes.append(f"target in the {session} session: {per_block:.2f} records per live block "
+                     f"after {len(shots)} snapshots (goal ≤ 2); last {k} / first {k} snapshots: "
+                     f"{lease_ratio:.2f}× lease, {wall_ratio:.2f}× wall (flat = 1)")
+
+    log(f"continuous: latency at {threads} threads, {live} live blocks")
+    lat_rows, lat_notes = latency_bench(exes["latency"], args, hold=live, threads=threads)
+    out = [f"## Continuous snapshots of many threads (examples/c/churn.c: {threads} threads × "
+           f"{per_thread} live {size} B blocks replaced at full speed)", "",
+           f"`heapdump watch --by-pid PID --every 1s --count {secs}` against one live process, "
+           f"collector {priv}. Records = the region header's node_cursor (records ever handed "
+           "out: the allocations table's high-water) when the target was ready and after the "
+           f"watch; per live block = at the end / {live} (goal of issue 13 ≤ 2); region MiB = "
+           "allocated blocks of the sparse region file at the end. From the profiles' comments: "
+           "nodes scanned at the first and last snapshot, lease (how long the target could not "
+           "recycle records) and the wait for in-flight operations; wall = the profile file's "
+           "mtime − its beat (snapshot, symbolization and profile). first / last = medians of "
+           f"the first and last 10 snapshots (fewer if under 20). Goal: flat over the minute.",
+           "Target's session: the collector's own (same autogroup) or one of its own (a "
+           "daemon's case).",
+           "", "| target's session | snapshots | records start → end | records / live block | "
+           "region MiB | nodes scanned first / last | lease ms first / last | in-flight wait "
+           "ms first / last | wall s first / last | wall max s | watch CPU s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += rows + [""] + [f"- {n}" for n in notes] + [""]
+    out += [f"### Allocation latency at {threads} threads during snapshots (bench/latency.c, "
+            f"{live} live blocks, THREADS={threads}, 2 s phases)", "",
+            f"{threads} threads each replace random blocks of their own {live // threads} (free "
+            "+ malloc of 16–64 B) and time each replacement; phases without snapshots alternate "
+            "with phases during which `heapdump snapshot` runs back to back; percentiles over "
+            "all threads' replacements, medians over the phases. Goal of issue 13: p99 during "
+            "snapshots within 10% of without (ratio ≤ 1.10).", ""]
+    return out + lat_rows + [""] + [f"- {n}" for n in lat_notes] + [""]
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="heapdump benchmark harness: overhead against heaptrack and jemalloc's "
@@ -1326,13 +1499,18 @@ def main():
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, storm, phases, rust, python, "
-                         "snapshot, graph, threads, latency, footprint")
+                         "snapshot, graph, threads, continuous, latency, footprint")
+    ap.add_argument("--continuous-seconds", type=int, default=60,
+                    help="length of the continuous section's `heapdump watch --every 1s` runs "
+                         "(snapshots of a 32-thread churning target; default 60)")
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
         ap.error("--rounds, --ops, --py-iters and --blocks must be positive")
+    if args.continuous_seconds < 1:
+        ap.error("--continuous-seconds must be at least 1")
     threads = [t.strip() for t in args.threads.split(",") if t.strip()]
     if not all(t.isdigit() and int(t) > 0 for t in threads):
         ap.error("--threads takes positive integers, e.g. 1,2")
@@ -1361,6 +1539,7 @@ def main():
         ("snapshot", lambda: section_snapshot(args, exes)),
         ("graph", lambda: section_graph(args, exes)),
         ("threads", lambda: section_threads(args)),
+        ("continuous", lambda: section_continuous(args, exes)),
         ("latency", lambda: section_latency(args, exes)),
         ("footprint", lambda: section_footprint(args, exes)),
     ]
