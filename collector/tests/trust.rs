@@ -30,12 +30,27 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
         f.metadata().unwrap().blocks() * 512
     };
     let mut first_size = 0;
+    let mut gave_up = 0;
     for i in 0..snapshots {
         let tags = i % 10 == 0;
         let path = snapshot(&dir, r.pid(), if tags { &["--with-tags"] } else { &[] });
         let p = decode(&path);
+        if i == 0 {
+            first_size = region_bytes();
+        }
         let v = sum_through(&p, "churn_alloc");
         let count = v[2];
+        // A thread descheduled inside its operation window for longer than the collector's
+        // wait budget (200 ms: possible with 32 threads on 2 cores beside other tests) is
+        // given up on with a warning in the comments, and its operation may be missing:
+        // such snapshots are counted, not checked (and may be at most a tenth of them).
+        let comment =
+            |needle: &str| (p.comment.iter()).any(|c| p.string_table[*c as usize].contains(needle));
+        if comment("stayed inside the allocator past") {
+            gave_up += 1;
+            eprintln!("snapshot {i}: gave up on an operation in flight; {count} live blocks");
+            continue;
+        }
         lo = lo.min(count);
         hi = hi.max(count);
         assert!(
@@ -58,10 +73,11 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
                 max_wait = max_wait.max(w.split(' ').next().unwrap().parse().unwrap());
             }
         }
-        if i == 0 {
-            first_size = region_bytes();
-        }
     }
+    assert!(
+        gave_up <= snapshots / 10,
+        "{gave_up} of {snapshots} snapshots gave up on operations in flight"
+    );
     let grown = region_bytes() - first_size;
     // Records handed out (the header's node_cursor, at offset 192): the live blocks, the
     // records freed and not yet reused, and what snapshots kept from reuse. Reuse resumes as

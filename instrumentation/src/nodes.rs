@@ -29,6 +29,26 @@ pub fn take_node(g: &Global, t: &Tls, now: u64) -> Option<u32> {
 
 #[cold]
 pub(crate) fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
+    // A snapshot is scanning: the ring's oldest node died during it, but the scan may have
+    // passed younger ones (their index below its progress), which may be rewritten already.
+    // Picking one of those — by index, without touching the nodes — keeps busy threads from
+    // taking fresh nodes for the whole scan (the allocations table would grow by that much).
+    let progress = g.writer.scan_progress();
+    if progress > 0 {
+        // SAFETY: the ring is only touched by its own thread, inside the reentrancy guard.
+        let ring = unsafe { &mut *t.ring.get() };
+        let (head, len) = (t.ring_head.get(), t.ring_len.get());
+        for k in 1..len {
+            let i = (head + k) % RING;
+            let n = ring[i];
+            if (n as u64) < progress && g.writer.node_reusable(n, now) {
+                // Take it; the older front node moves into its place.
+                ring[i] = ring[head];
+                ring[head] = n;
+                return ring_pop(t);
+            }
+        }
+    }
     if t.stash_head.get() == t.stash_len.get() {
         // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
         let k = g.free.pop(unsafe { &mut *t.stash.get() });

@@ -12,8 +12,10 @@
 //! 1. store a lease `L = now` in the header (SeqCst), after the identity of its holder
 //!    (`lease_pid`, `lease_start_ticks`: writers free the lease of a dead holder) and with
 //!    `L > lease_last`; writers stop recycling nodes freed at or after `L`;
-//! 2. read the snapshot time `T = now` (with a writer that stamps every event after the
-//!    latest lease, `FLAG_LEASE_FLOOR`: `T = L`, at once);
+//! 2. read the snapshot time `T = now` and wait until the clock has passed it — or, with a
+//!    writer that stamps every event after the latest lease (`FLAG_LEASE_FLOOR`), take `T = L`
+//!    at once if the clock still reads `L` (no event can have been stamped after `L` before
+//!    the lease was visible), and only then publish `lease_scanned_for = L`;
 //! 3. for every thread slot that is inside an operation, wait until that operation ends
 //!    (one wait budget for all slots together) — or, with a writer that says which record each
 //!    operation writes (`FLAG_OP_NODE`), pin up to `LEASE_PINNED` of those records
@@ -580,6 +582,8 @@ impl<'a> Region<'a> {
         let mut pinned: Vec<(&ThreadSlotV1, u64, u32)> = Vec::new();
         let mut stuck: Vec<u32> = Vec::new();
         let mut stuck_count = 0u64;
+        // Whether writers were told to use this scan's progress (see below).
+        let mut progress_ok = false;
         let frozen = opts.live && opts.frozen;
         let live = opts.live && self.writable && !frozen;
         let t = if frozen {
@@ -595,21 +599,45 @@ impl<'a> Region<'a> {
                 }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
-            let lease = now_ns();
-            h.lease_last.store(lease, Ordering::SeqCst);
-            // Who holds the lease, stored before it (writers read it after the lease).
-            h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
-            h.lease_start_ticks
-                .store(opts.lease_start_ticks, Ordering::SeqCst);
-            // No progress yet for this lease (reset before the lease is visible: a writer
-            // that sees the new lease sees no older scan's progress as this one's).
-            h.lease_scanned.store(0, Ordering::SeqCst);
-            h.lease_scanned_for.store(lease, Ordering::SeqCst);
-            h.lease.store(lease, Ordering::SeqCst);
+            // With a writer that stamps every event after `lease_last` (FLAG_LEASE_FLOOR), the
+            // lease value itself is T — if no event can have read the clock past it before the
+            // lease was stored: the clock reads the same before and after storing it. Only then
+            // is the scan's progress published (`lease_scanned_for`), which lets writers rewrite
+            // what it has read and records born after T. Otherwise (the clock ticked meanwhile,
+            // a few times in a row) T is read after the lease and waited past, and records are
+            // reused only once the lease ends, as with writers of the first release.
+            let floor = h.flags & FLAG_LEASE_FLOOR != 0;
+            let mut lease;
+            let mut exact = false;
+            let mut tries = 0;
+            loop {
+                lease = now_ns();
+                h.lease_last.store(lease, Ordering::SeqCst);
+                // Who holds the lease, stored before it (writers read it after the lease).
+                h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
+                h.lease_start_ticks
+                    .store(opts.lease_start_ticks, Ordering::SeqCst);
+                // No progress yet for this lease (reset before the lease is visible: a writer
+                // that sees the new lease sees no older scan's progress as this one's).
+                h.lease_scanned.store(0, Ordering::SeqCst);
+                h.lease.store(lease, Ordering::SeqCst);
+                tries += 1;
+                if !floor {
+                    break;
+                }
+                if now_ns() == lease {
+                    h.lease_scanned_for.store(lease, Ordering::SeqCst);
+                    exact = true;
+                    break;
+                }
+                if tries == 8 {
+                    break;
+                }
+                // The clock has moved past `lease`: the next lease is larger, as they must be.
+            }
             leased_at = precise_ns();
-            let t = if h.flags & FLAG_LEASE_FLOOR != 0 {
-                // Every event whose window opens after the lease was stored is stamped
-                // after it: the lease is T, and nothing is waited for.
+            progress_ok = exact;
+            let t = if exact {
                 lease
             } else {
                 let t = now_ns();
@@ -717,7 +745,7 @@ impl<'a> Region<'a> {
         };
         // With a lease, tell writers how far the scan got (every PROGRESS_STEP nodes): what it
         // has read they may rewrite, pinned nodes excepted.
-        let progress = live.then_some(&h.lease_scanned);
+        let progress = (live && progress_ok).then_some(&h.lease_scanned);
         let is_pinned = |i: u64| pinned.iter().any(|&(_, _, n)| n as u64 == i);
         self.data_runs(section::ALLOCATIONS, nodes, |a, b| {
             scanned += b - a;

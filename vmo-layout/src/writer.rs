@@ -434,7 +434,9 @@ impl RegionWriter {
         if !ok(h.fork_lease.load(Ordering::SeqCst)) {
             return false;
         }
-        ok(lease) || self.scanned_by(lease, index) || self.lease_holder_gone(lease, now)
+        // The holder check first: a dead collector's lease must be cleared even when its
+        // published progress would let every rewrite through.
+        ok(lease) || self.lease_holder_gone(lease, now) || self.scanned_by(lease, index)
     }
 
     /// Whether the reader holding `lease` (as just loaded) has finished reading node `index`
@@ -446,11 +448,20 @@ impl RegionWriter {
     ///
     /// Nodes the reader pinned ([`HeaderV1::lease_pinned`], read after the progress, which
     /// the reader stores after the pins) stay unwritable until the lease ends.
+    ///
+    /// A record born after the lease is reusable too, scanned or not: a reader that publishes
+    /// its progress takes the lease as its instant `T` (or an earlier one), so that record was
+    /// not live at `T`, and a rewrite the scan meets is one it skips (`t_alloc` is
+    /// `u64::MAX` or later than `T` throughout). Busy threads allocate and free many
+    /// short-lived blocks during a long lease: their records are recycled at once.
     #[inline]
     fn scanned_by(&self, lease: u64, index: u32) -> bool {
         let h = self.header();
-        if h.lease_scanned_for.load(Ordering::SeqCst) != lease
-            || index as u64 >= h.lease_scanned.load(Ordering::SeqCst)
+        if h.lease_scanned_for.load(Ordering::SeqCst) != lease {
+            return false;
+        }
+        if index as u64 >= h.lease_scanned.load(Ordering::SeqCst)
+            && self.node(index).t_alloc.load(Ordering::Relaxed) <= lease
         {
             return false;
         }
@@ -458,6 +469,20 @@ impl RegionWriter {
         !h.lease_pinned[..pins]
             .iter()
             .any(|p| p.load(Ordering::Relaxed) == index)
+    }
+
+    /// How far the scan of the reader holding the current lease has got
+    /// ([`HeaderV1::lease_scanned`]; 0 without a lease or progress): nodes below it may be
+    /// reusable although freed during the lease, the ones above certainly are not unless freed
+    /// before it. A hint for choosing among dead nodes; [`Self::node_reusable`] decides.
+    #[inline]
+    pub fn scan_progress(&self) -> u64 {
+        let h = self.header();
+        let lease = h.lease.load(Ordering::SeqCst);
+        if lease == 0 || h.lease_scanned_for.load(Ordering::SeqCst) != lease {
+            return 0;
+        }
+        h.lease_scanned.load(Ordering::SeqCst)
     }
 
     /// Called when `lease` (as just loaded) blocks a rewrite: whether its holder is known to
