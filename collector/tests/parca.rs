@@ -321,6 +321,19 @@ fn hold(dir: &Path, n: i64, size: i64) -> Running {
 }
 
 /// `go tool pprof -raw` of the pushed profile (as received, gzip or not).
+/// `heapdump HEAD... --push URL --push-format parca EXTRA...`.
+fn parca_push(dir: &Path, head: &[&str], url: &str, extra: &[&str], limit: Duration) -> Timed {
+    let mut args = head.to_vec();
+    args.extend_from_slice(&["--push", url, "--push-format", "parca"]);
+    args.extend_from_slice(extra);
+    heapdump_timeout(dir, &args, limit)
+}
+
+/// `heapdump snapshot --by-pid PID --push URL --push-format parca EXTRA...`.
+fn snapshot_push(dir: &Path, pid: &str, url: &str, extra: &[&str], limit: Duration) -> Timed {
+    parca_push(dir, &["snapshot", "--by-pid", pid], url, extra, limit)
+}
+
 fn raw_of(p: &Pushed, dir: &Path, name: &str) -> Raw {
     let f = dir.with_extension(format!("{name}.pb"));
     std::fs::write(&f, &p.raw).unwrap();
@@ -338,16 +351,11 @@ fn snapshot_push_parca_sends_labels_token_and_the_exact_profile() {
     let pid = r.pid().to_string();
     let token = dir.with_extension("token");
     std::fs::write(&token, "  polar-s3cret\n").unwrap();
-    let t = heapdump_timeout(
+    let t = snapshot_push(
         &dir,
+        &pid,
+        &server.url,
         &[
-            "snapshot",
-            "--by-pid",
-            &pid,
-            "--push",
-            &server.url,
-            "--push-format",
-            "parca",
             "--bearer-token-file",
             token.to_str().unwrap(),
             "--label",
@@ -408,19 +416,7 @@ fn snapshot_push_parca_sends_labels_token_and_the_exact_profile() {
 
     // A refusal of the profile (INVALID_ARGUMENT) is one line, not retried.
     server.refuse_all(3);
-    let t = heapdump_timeout(
-        &dir,
-        &[
-            "snapshot",
-            "--by-pid",
-            &pid,
-            "--push",
-            &server.url,
-            "--push-format",
-            "parca",
-        ],
-        Duration::from_secs(60),
-    );
+    let t = snapshot_push(&dir, &pid, &server.url, &[], Duration::from_secs(60));
     assert_eq!(t.code, Some(1), "{t:?}");
     assert_eq!(server.calls().len(), 2, "not retried");
     assert_eq!(t.stderr.trim().lines().count(), 1, "{}", t.stderr);
@@ -447,19 +443,11 @@ fn a_profile_of_32768_stacks_is_pushed_as_16000_samples_with_the_rest_accounted(
     assert_eq!(n, 32_768);
     let pid = r.pid().to_string();
     let out = dir.with_extension("file.pb.gz");
-    let t = heapdump_timeout(
+    let t = snapshot_push(
         &dir,
-        &[
-            "snapshot",
-            "--by-pid",
-            &pid,
-            "-o",
-            out.to_str().unwrap(),
-            "--push",
-            &server.url,
-            "--push-format",
-            "parca",
-        ],
+        &pid,
+        &server.url,
+        &["-o", out.to_str().unwrap()],
         Duration::from_secs(120),
     );
     assert_eq!(t.code, Some(0), "{t:?}");
@@ -502,19 +490,13 @@ fn a_profile_of_32768_stacks_is_pushed_as_16000_samples_with_the_rest_accounted(
 
 /// `heapdump watch` of `pid` every second, pushing to `url` in Parca's format, with `extra`.
 fn watch(dir: &Path, pid: &str, url: &str, extra: &[&str], limit: Duration) -> Timed {
-    let mut args = vec![
-        "watch",
-        "--by-pid",
-        pid,
-        "--every",
-        "1s",
-        "--push",
+    parca_push(
+        dir,
+        &["watch", "--by-pid", pid, "--every", "1s"],
         url,
-        "--push-format",
-        "parca",
-    ];
-    args.extend_from_slice(extra);
-    heapdump_timeout(dir, &args, limit)
+        extra,
+        limit,
+    )
 }
 
 #[test]
@@ -862,19 +844,7 @@ fn measure_parca_push_of_a_million_blocks() {
             );
             assert_eq!(t.code, Some(0), "{t:?}");
             files.push(t.elapsed.as_secs_f64());
-            let t = heapdump_timeout(
-                &dir,
-                &[
-                    "snapshot",
-                    "--by-pid",
-                    &pid,
-                    "--push",
-                    &server.url,
-                    "--push-format",
-                    "parca",
-                ],
-                Duration::from_secs(120),
-            );
+            let t = snapshot_push(&dir, &pid, &server.url, &[], Duration::from_secs(120));
             assert_eq!(t.code, Some(0), "{t:?}");
             pushes.push(t.elapsed.as_secs_f64());
         }

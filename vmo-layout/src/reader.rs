@@ -276,6 +276,31 @@ pub struct SnapshotMeta {
     pub warnings: Vec<String>,
 }
 
+/// The waits of one snapshot for operations in flight.
+#[derive(Default)]
+struct Waits {
+    /// Longest wait, ns.
+    longest_ns: u64,
+    /// Operations still in progress at their deadline.
+    stuck: u64,
+    /// Thread ids of the first 8 of those.
+    tids: Vec<u32>,
+}
+
+impl Waits {
+    /// Waits for the operation `slot` was in when its sequence read `seq` (see [`wait_op`]).
+    fn wait(&mut self, slot: &ThreadSlotV1, seq: u64, deadline: u64) {
+        let w = wait_op(slot, seq, deadline);
+        self.longest_ns = self.longest_ns.max(w.waited_ns);
+        if w.stuck {
+            self.stuck += 1;
+            if self.tids.len() < 8 {
+                self.tids.push(slot.tid.load(Ordering::Relaxed));
+            }
+        }
+    }
+}
+
 /// What [`wait_op`] saw.
 struct OpWait {
     waited_ns: u64,
@@ -580,8 +605,7 @@ impl<'a> Region<'a> {
         let mut leased_at = 0;
         // Operations in flight at T whose node is pinned: (slot, op_seq seen, node).
         let mut pinned: Vec<(&ThreadSlotV1, u64, u32)> = Vec::new();
-        let mut stuck: Vec<u32> = Vec::new();
-        let mut stuck_count = 0u64;
+        let mut waits = Waits::default();
         // Whether writers were told to use this scan's progress (see below).
         let mut progress_ok = false;
         let frozen = opts.live && opts.frozen;
@@ -694,14 +718,7 @@ impl<'a> Region<'a> {
             let start = precise_ns();
             let deadline = start.saturating_add(opts.wait_timeout.as_nanos() as u64);
             for &(slot, s) in &wait_now {
-                let w = wait_op(slot, s, deadline);
-                meta.max_wait_ns = meta.max_wait_ns.max(w.waited_ns);
-                if w.stuck {
-                    stuck_count += 1;
-                    if stuck.len() < 8 {
-                        stuck.push(slot.tid.load(Ordering::Relaxed));
-                    }
-                }
+                waits.wait(slot, s, deadline);
             }
             fence(Ordering::SeqCst);
             t
@@ -778,14 +795,7 @@ impl<'a> Region<'a> {
         if !pinned.is_empty() {
             let deadline = precise_ns().saturating_add(opts.wait_timeout.as_nanos() as u64);
             for &(slot, s, n) in &pinned {
-                let w = wait_op(slot, s, deadline);
-                meta.max_wait_ns = meta.max_wait_ns.max(w.waited_ns);
-                if w.stuck {
-                    stuck_count += 1;
-                    if stuck.len() < 8 {
-                        stuck.push(slot.tid.load(Ordering::Relaxed));
-                    }
-                }
+                waits.wait(slot, s, deadline);
                 fence(Ordering::Acquire);
                 if let Some(block) = judge(n as u64) {
                     meta.blocks += 1;
@@ -795,16 +805,14 @@ impl<'a> Region<'a> {
             }
             meta.resolved_after_scan = pinned.len() as u64;
         }
-        if stuck_count > 0 {
+        meta.max_wait_ns = waits.longest_ns;
+        if waits.stuck > 0 {
+            let (n, tids) = (waits.stuck, &waits.tids);
+            let more = if n > tids.len() as u64 { ", …" } else { "" };
             meta.warnings.push(format!(
-                "{stuck_count} thread(s) stayed inside the allocator past the {:?} wait for \
-                 operations in progress (tids {stuck:?}{}); those operations may be missing",
+                "{n} thread(s) stayed inside the allocator past the {:?} wait for operations in \
+                 progress (tids {tids:?}{more}); those operations may be missing",
                 opts.wait_timeout,
-                if stuck_count > stuck.len() as u64 {
-                    ", …"
-                } else {
-                    ""
-                }
             ));
         }
         meta.nodes_scanned = scanned;
