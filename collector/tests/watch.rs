@@ -90,8 +90,8 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 #[test]
-fn every_second_three_times_gives_three_exact_files() {
-    if !can_run("every_second_three_times_gives_three_exact_files") {
+fn every_second_five_times_gives_five_exact_files_a_second_apart() {
+    if !can_run("every_second_five_times_gives_five_exact_files_a_second_apart") {
         return;
     }
     let dir = region_dir("watch-count");
@@ -107,7 +107,7 @@ fn every_second_three_times_gives_three_exact_files() {
             "--every",
             "1s",
             "--count",
-            "3",
+            "5",
             "-o",
             out.join("sub").to_str().unwrap(),
         ],
@@ -123,13 +123,41 @@ fn every_second_three_times_gives_three_exact_files() {
     );
     let all = files(&out);
     let mine = profiles_of(&out, r.pid());
-    assert_eq!(mine.len(), 3, "{all:?}");
-    assert_eq!(all.len(), 3, "nothing else in the directory: {all:?}");
+    assert_eq!(mine.len(), 5, "{all:?}");
+    assert_eq!(all.len(), 5, "nothing else in the directory: {all:?}");
     for f in &mine {
         assert_exact(f, 100, 1000);
     }
+    // Beats are aligned to the second: the names' UTC times are consecutive seconds, and the
+    // files were written a second apart (±200 ms: symbolizing 100 blocks takes milliseconds).
+    let seconds = |f: &PathBuf| -> i64 {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        let t = &name[name.len() - 13..name.len() - 7]; // HHMMSS of …THHMMSSZ.pb.gz
+        let n = |r: std::ops::Range<usize>| t[r].parse::<i64>().unwrap();
+        n(0..2) * 3600 + n(2..4) * 60 + n(4..6)
+    };
+    let mtime = |f: &PathBuf| -> f64 {
+        let m = std::fs::metadata(f).unwrap().modified().unwrap();
+        m.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    for w in mine.windows(2) {
+        assert_eq!(
+            (seconds(&w[1]) - seconds(&w[0])).rem_euclid(86_400),
+            1,
+            "beats a second apart: {all:?}"
+        );
+        let gap = mtime(&w[1]) - mtime(&w[0]);
+        assert!(
+            (0.8..=1.2).contains(&gap),
+            "{} written {gap:.3} s after {}",
+            w[1].display(),
+            w[0].display()
+        );
+    }
     assert!(
-        t.stderr.contains("watch ended: 3 beats") && t.stderr.contains("peak RSS"),
+        t.stderr.contains("watch ended: 5 beats") && t.stderr.contains("peak RSS"),
         "{}",
         t.stderr
     );
