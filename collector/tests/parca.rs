@@ -292,35 +292,6 @@ fn assert_valid_for_parca(p: &heapdump_proto::Profile) {
     );
 }
 
-fn can_run(test: &str) -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: {test}: no C compiler (cc)");
-    }
-    ok
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
-/// `hold_sized N SIZE` under the shim: N+1 blocks, N*SIZE + N*8 bytes through `hold_blocks`.
-fn hold(dir: &Path, n: i64, size: i64) -> Running {
-    let exe = compile_c("hold_sized", &[]);
-    let mut cmd = Command::new(exe);
-    cmd.arg(n.to_string()).arg(size.to_string());
-    start(cmd, dir, true)
-}
-
-/// `go tool pprof -raw` of the pushed profile (as received, gzip or not).
 /// `heapdump HEAD... --push URL --push-format parca EXTRA...`.
 fn parca_push(dir: &Path, head: &[&str], url: &str, extra: &[&str], limit: Duration) -> Timed {
     let mut args = head.to_vec();
@@ -334,6 +305,7 @@ fn snapshot_push(dir: &Path, pid: &str, url: &str, extra: &[&str], limit: Durati
     parca_push(dir, &["snapshot", "--by-pid", pid], url, extra, limit)
 }
 
+/// `go tool pprof -raw` of the pushed profile (as received, gzip or not).
 fn raw_of(p: &Pushed, dir: &Path, name: &str) -> Raw {
     let f = dir.with_extension(format!("{name}.pb"));
     std::fs::write(&f, &p.raw).unwrap();
@@ -347,7 +319,7 @@ fn snapshot_push_parca_sends_labels_token_and_the_exact_profile() {
     }
     let server = FakeParca::start(0, 0);
     let dir = region_dir("parca-snapshot");
-    let r = hold(&dir, 150, 600);
+    let r = hold_sized(&dir, 150, 600);
     let pid = r.pid().to_string();
     let token = dir.with_extension("token");
     std::fs::write(&token, "  polar-s3cret\n").unwrap();
@@ -507,7 +479,7 @@ fn watch_push_parca_retries_until_the_server_takes_every_profile_in_order() {
     // UNAVAILABLE for the first three calls, then up.
     let server = FakeParca::start(3, 14);
     let dir = region_dir("parca-watch");
-    let r = hold(&dir, 90, 1200);
+    let r = hold_sized(&dir, 90, 1200);
     let pid = r.pid().to_string();
     let t = watch(
         &dir,
@@ -570,7 +542,7 @@ fn a_watch_restarted_sends_what_the_previous_one_spooled_first_in_order() {
     let server = FakeParca::start(usize::MAX, 14);
     let dir = region_dir("parca-spool");
     let out = dir.with_extension("out");
-    let r = hold(&dir, 40, 2000);
+    let r = hold_sized(&dir, 40, 2000);
     let pid = r.pid().to_string();
 
     // The first watch, the server down: its profiles wait in OUT/.spool; stopped with SIGTERM
@@ -693,7 +665,7 @@ fn profiles_spooled_for_pyroscope_are_sent_to_parca_by_the_next_watch() {
     };
     let dir = region_dir("parca-spool-format");
     let out = dir.with_extension("out");
-    let r = hold(&dir, 30, 500);
+    let r = hold_sized(&dir, 30, 500);
     let pid = r.pid().to_string();
     let t = heapdump_timeout(
         &dir,
@@ -754,7 +726,7 @@ fn the_spool_is_bounded_oldest_dropped_first() {
     let server = FakeParca::start(usize::MAX, 14);
     let dir = region_dir("parca-spool-bound");
     let out = dir.with_extension("out");
-    let r = hold(&dir, 40, 2000);
+    let r = hold_sized(&dir, 40, 2000);
     let pid = r.pid().to_string();
     // One profile is a few KiB: a bound of 1 byte keeps none on disk (held in memory
     // instead), a bound of a profile and a half keeps one.

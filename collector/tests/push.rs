@@ -12,7 +12,6 @@ use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -194,28 +193,6 @@ fn decode_push(r: &Received) -> Pushed {
     }
 }
 
-fn can_run(test: &str) -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: {test}: no C compiler (cc)");
-    }
-    ok
-}
-
-/// `hold_sized N SIZE` under the shim; it holds N+1 blocks, N*SIZE + N*8 bytes through
-/// `hold_blocks`.
-fn hold(dir: &Path, n: i64, size: i64) -> Running {
-    let exe = compile_c("hold_sized", &[]);
-    let mut cmd = Command::new(exe);
-    cmd.arg(n.to_string()).arg(size.to_string());
-    start(cmd, dir, true)
-}
-
 /// Asserts the profile holds exactly `hold_sized n size`'s blocks, with Go's heap sample types;
 /// `alloc`: whether alloc_* hold the cumulative counts (a file) or 0 (a push: deltas since the
 /// process's previous push, 0 on the first and while the program allocates nothing).
@@ -238,13 +215,6 @@ fn assert_exact(p: &heapdump_proto::Profile, n: i64, size: i64, alloc: bool) {
     assert_eq!(sum_through(p, "hold_blocks"), [an, ab, blocks, bytes]);
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
 #[test]
 fn snapshot_push_sends_labels_auth_and_the_exact_profile() {
     if !can_run("snapshot_push_sends_labels_auth_and_the_exact_profile") {
@@ -252,7 +222,7 @@ fn snapshot_push_sends_labels_auth_and_the_exact_profile() {
     }
     let server = FakePyroscope::start(0);
     let dir = region_dir("push-snapshot");
-    let r = hold(&dir, 120, 700);
+    let r = hold_sized(&dir, 120, 700);
     let pid = r.pid().to_string();
     let token = dir.with_extension("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
@@ -344,7 +314,7 @@ fn watch_push_retries_until_the_server_takes_every_profile_in_order() {
     // Down for the first three pushes, then up.
     let server = FakePyroscope::start(3);
     let dir = region_dir("push-watch");
-    let r = hold(&dir, 80, 1500);
+    let r = hold_sized(&dir, 80, 1500);
     let pid = r.pid().to_string();
     let t = heapdump_timeout(
         &dir,
@@ -477,7 +447,7 @@ fn an_unreachable_server_is_one_line_not_a_panic() {
         format!("http://{}", l.local_addr().unwrap())
     };
     let dir = region_dir("push-down");
-    let r = hold(&dir, 10, 100);
+    let r = hold_sized(&dir, 10, 100);
     let pid = r.pid().to_string();
     let t = heapdump_timeout(
         &dir,

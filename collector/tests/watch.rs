@@ -16,26 +16,9 @@ fn held(n: i64, size: i64) -> (i64, i64) {
     (n + 1, n * size + n * 8)
 }
 
-/// Whether the tools the test needs are here; else prints why it is skipped.
-fn can_run(test: &str) -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: {test}: no C compiler (cc)");
-    }
-    ok
-}
-
-/// `hold_sized N SIZE` started under the shim with its regions in `dir`.
+/// `hold_sized N SIZE` under the shim, its tally checked.
 fn hold(dir: &Path, n: i64, size: i64) -> Running {
-    let exe = compile_c("hold_sized", &[]);
-    let mut cmd = Command::new(exe);
-    cmd.arg(n.to_string()).arg(size.to_string());
-    let r = start(cmd, dir, true);
+    let r = hold_sized(dir, n, size);
     assert_eq!(r.tally(), (n, n * size));
     r
 }

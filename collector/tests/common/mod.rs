@@ -552,3 +552,35 @@ pub fn assert_addresses_distinct(p: &heapdump_proto::Profile, what: &str) {
         assert!(seen.insert(a), "{what}: address {a:#x} appears twice");
     }
 }
+
+/// Whether a C compiler (`cc`) runs; prints the test as skipped when not (tests that build C
+/// examples return early then, and say so).
+pub fn can_run(test: &str) -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: {test}: no C compiler (cc)");
+    }
+    ok
+}
+
+/// This machine's host name, as push labels carry it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// `examples/c/hold_sized.c N SIZE` under the shim with its regions in `dir`: N+1 blocks,
+/// N*SIZE + N*8 bytes through `hold_blocks`, held until stdin closes.
+pub fn hold_sized(dir: &Path, n: i64, size: i64) -> Running {
+    let exe = compile_c("hold_sized", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.arg(n.to_string()).arg(size.to_string());
+    start(cmd, dir, true)
+}
