@@ -65,6 +65,11 @@ fn main() {
         eprintln!("heapdump: {e:#}");
         std::process::exit(1);
     }
+    if snapshot::DAMAGED.load(std::sync::atomic::Ordering::Relaxed) {
+        // The output was written, but from a region that cannot be true (said on stderr and
+        // in the profile's comments).
+        std::process::exit(snapshot::EXIT_DAMAGED);
+    }
 }
 
 /// A region file with its header read.

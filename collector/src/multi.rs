@@ -59,8 +59,8 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
                     "heapdump: pid {} ({name}): {} live blocks, {} bytes",
                     e.file.pid, c.meta.blocks, c.meta.bytes
                 );
-                blocks += c.meta.blocks;
-                bytes += c.meta.bytes;
+                blocks = c.meta.blocks.saturating_add(blocks);
+                bytes = c.meta.bytes.saturating_add(bytes);
                 taken.push((e.file.pid, name, c));
             }
             Err(err) => {

@@ -39,6 +39,14 @@ pub struct Collected {
     pub stopped: Option<(String, usize)>,
 }
 
+/// Exit status of a command that wrote its output but read a damaged region (see
+/// [`vmo_layout::check`]): 3, distinct from 1 (an error, nothing written).
+pub const EXIT_DAMAGED: i32 = 3;
+
+/// Set once any snapshot of this process found a damaged region: `main` then exits with
+/// [`EXIT_DAMAGED`] instead of 0.
+pub static DAMAGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// How many blocks of `size` bytes one sampled block stands for, when bytes are sampled as a
 /// Poisson process of mean `interval` (heapprofd, jemalloc; Go's `scaleHeapSample`):
 /// `1 / (1 - exp(-size / interval))`. 1 when `interval` is 0 (every block recorded).
@@ -111,15 +119,16 @@ pub fn collect_at(
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
     let interval = region.info().sample_interval;
-    let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
+    // Every live block is kept until it has been validated (`check::validate`), also when
+    // the caller does not want them: the totals are summed over valid blocks only.
     // Reserved for the live count the header reports (plus what may be allocated meanwhile),
     // so that a list of 10 M blocks is not grown by doubling (512 MB for 320 MB of blocks); at
     // most one block per 32 bytes of the region file, whatever a damaged header says.
-    let mut blocks = with_blocks.then(|| {
+    let mut blocks: Vec<Block> = {
         let live = region.info().counters.live_blocks;
         let file_len = opened.file.metadata().map(|m| m.len()).unwrap_or(0);
-        Vec::with_capacity((live + live / 16 + 1024).min(file_len / 32) as usize)
-    });
+        Vec::with_capacity(live.saturating_add(live / 16 + 1024).min(file_len / 32) as usize)
+    };
     let (lease_pid, lease_start_ticks) = if live {
         lease::identity(region.info().pid)
     } else {
@@ -135,10 +144,7 @@ pub fn collect_at(
             .then(|| crate::frozen::check(target_pid))
             .flatten();
         if attempt > 0 {
-            inuse.clear();
-            if let Some(v) = blocks.as_mut() {
-                v.clear();
-            }
+            blocks.clear();
         }
         // The lease holds back the target's recycling until the scan ends: get the CPU for it
         // (restored when dropped). A stopped target competes for nothing.
@@ -157,13 +163,7 @@ pub fn collect_at(
                 if let Some(d) = pause.take() {
                     std::thread::sleep(d);
                 }
-                let w = weight(b.size as f64, interval);
-                let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
-                e.0 += w;
-                e.1 += w * b.size as f64;
-                if let Some(v) = blocks.as_mut() {
-                    v.push(*b);
-                }
+                blocks.push(*b);
             },
         );
         match frozen {
@@ -176,6 +176,37 @@ pub fn collect_at(
         break;
     }
     drop(_release);
+    // What a real heap could hold at one instant; the totals are of that only.
+    let live_records = blocks.len() as u64;
+    let damage = vmo_layout::check::validate(&mut blocks);
+    let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
+    meta.blocks = blocks.len() as u64;
+    meta.bytes = 0;
+    for b in &blocks {
+        let w = weight(b.size as f64, interval);
+        let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
+        e.0 += w;
+        e.1 += w * b.size as f64;
+        // Below USER_END in all: valid blocks do not overlap.
+        meta.bytes = meta.bytes.saturating_add(b.size);
+    }
+    if !damage.is_empty() {
+        meta.warnings.push(damage.describe(live_records));
+    }
+    let counters = region.info().counters;
+    if counters.live_bytes >= vmo_layout::check::USER_END {
+        // Not a skipped block, but a header that cannot be true all the same.
+        meta.warnings.push(format!(
+            "region damaged: its counters claim {} live bytes, more than the address space \
+             holds (the profile's totals are summed from the blocks instead)",
+            counters.live_bytes
+        ));
+    }
+    let damaged = !damage.is_empty() || counters.live_bytes >= vmo_layout::check::USER_END;
+    if damaged {
+        DAMAGED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let blocks = with_blocks.then_some(blocks);
     let time_realtime_ns = moment
         .at_realtime_ns
         .unwrap_or_else(vmo_layout::clock::realtime_ns);

@@ -5,11 +5,14 @@
 //! - [`writer`]: lays out a region and performs inserts/erases (used inside `malloc`: no
 //!   allocation, no locks, no system calls);
 //! - [`reader`]: validates a region as hostile input and takes point-in-time snapshots;
+//! - [`check`]: which blocks of a snapshot can be true (in the address space, not
+//!   overlapping): every consumer of a snapshot's blocks goes through [`check::validate`];
 //! - [`clock`]: the region's clock (`CLOCK_MONOTONIC_COARSE`, ns) both sides order their operations by.
 //!
 //! The region format, the insert/erase/snapshot protocol and the argument for its consistency
 //! are described in `ARCHITECTURE.md` at the root of the repository.
 
+pub mod check;
 pub mod clock;
 pub mod reader;
 pub mod v1;

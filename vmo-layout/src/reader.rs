@@ -545,17 +545,17 @@ impl<'a> Region<'a> {
             ..Counters::default()
         };
         self.for_each_slot(threads, |s| {
-            c.allocs = c.allocs.wrapping_add(s.allocs.load(Ordering::Relaxed));
-            c.frees = c.frees.wrapping_add(s.frees.load(Ordering::Relaxed));
+            c.allocs = c.allocs.saturating_add(s.allocs.load(Ordering::Relaxed));
+            c.frees = c.frees.saturating_add(s.frees.load(Ordering::Relaxed));
             c.alloc_bytes = c
                 .alloc_bytes
-                .wrapping_add(s.alloc_bytes.load(Ordering::Relaxed));
+                .saturating_add(s.alloc_bytes.load(Ordering::Relaxed));
             c.free_bytes = c
                 .free_bytes
-                .wrapping_add(s.free_bytes.load(Ordering::Relaxed));
+                .saturating_add(s.free_bytes.load(Ordering::Relaxed));
             c.dropped_blocks = c
                 .dropped_blocks
-                .wrapping_add(s.dropped.load(Ordering::Relaxed));
+                .saturating_add(s.dropped.load(Ordering::Relaxed));
         });
         c.live_blocks = c.allocs.saturating_sub(c.frees);
         c.live_bytes = c.alloc_bytes.saturating_sub(c.free_bytes);
@@ -780,7 +780,7 @@ impl<'a> Region<'a> {
                 }
                 if let Some(block) = judge(i) {
                     meta.blocks += 1;
-                    meta.bytes = meta.bytes.wrapping_add(block.size);
+                    meta.bytes = meta.bytes.saturating_add(block.size);
                     visit(&block);
                 }
             }
@@ -799,7 +799,7 @@ impl<'a> Region<'a> {
                 fence(Ordering::Acquire);
                 if let Some(block) = judge(n as u64) {
                     meta.blocks += 1;
-                    meta.bytes = meta.bytes.wrapping_add(block.size);
+                    meta.bytes = meta.bytes.saturating_add(block.size);
                     visit(&block);
                 }
             }
@@ -1009,8 +1009,8 @@ impl<'a> Region<'a> {
                     );
                     if n != 0 || by != 0 {
                         let e: &mut (u64, u64) = out.entry((i - base) as u32).or_default();
-                        e.0 = e.0.wrapping_add(n);
-                        e.1 = e.1.wrapping_add(by);
+                        e.0 = e.0.saturating_add(n);
+                        e.1 = e.1.saturating_add(by);
                     }
                 }
                 true
@@ -1027,8 +1027,8 @@ impl<'a> Region<'a> {
             if let Some(c) =
                 self.at::<StackCounterV1>(section::STACK_COUNTERS, stripe * stacks + id as u64)
             {
-                n = n.wrapping_add(c.count.load(Ordering::Relaxed));
-                b = b.wrapping_add(c.bytes.load(Ordering::Relaxed));
+                n = n.saturating_add(c.count.load(Ordering::Relaxed));
+                b = b.saturating_add(c.bytes.load(Ordering::Relaxed));
             }
         }
         (n, b)

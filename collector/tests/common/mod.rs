@@ -2,6 +2,8 @@
 //! with the `heapdump` binary and read the profile back with `go tool pprof -raw`.
 #![allow(dead_code)]
 
+pub mod crafted;
+
 use std::collections::{HashMap, HashSet};
 use std::io::Lines;
 use std::io::{BufRead, BufReader};

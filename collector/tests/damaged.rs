@@ -1,0 +1,185 @@
+//! Regions that cannot be true (issue 19, B4–B6): records with impossible sizes and addresses,
+//! overlapping blocks, and a region rewritten while it is read. Every command must end within
+//! a bound, skip what cannot be true, say so on stderr and in the profile's comments, and exit
+//! with the damaged-region status (3) — never wrap a total, allocate gigabytes, panic or hang.
+
+mod common;
+
+use common::crafted::*;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// Exit status of a command that wrote its output from a damaged region.
+const DAMAGED: i32 = 3;
+/// Longest any command may take against a crafted region (they take well under a second; the
+/// unfixed collector took over 15 s or never ended).
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `heapdump ARGS` against a crafted region and checks it ends within [`LIMIT`] with
+/// the damaged status, saying `expect` on stderr; returns the stderr.
+fn damaged(dir: &Path, args: &[&str], expect: &str) -> String {
+    let t = heapdump_timeout(dir, args, LIMIT);
+    assert!(!t.timed_out, "{args:?} did not end within {LIMIT:?}");
+    assert_eq!(t.code, Some(DAMAGED), "{args:?}: {t:?}");
+    assert!(
+        t.stderr.contains(expect),
+        "{args:?}: no {expect:?} in {}",
+        t.stderr
+    );
+    t.stderr
+}
+
+/// The comments of a profile that say it was read from a damaged region.
+fn damage_comments(profile: &Path) -> Vec<String> {
+    pprof_raw(profile)
+        .comments
+        .into_iter()
+        .filter(|c| c.contains("region damaged"))
+        .collect()
+}
+
+/// B4, B5: sizes of u64::MAX and 2^63 and a block at 0xfffffffffffffff8 in a live process's
+/// region: the three records are skipped and counted, the other 1,999 blocks are exact, no
+/// total wraps, `--contents-dir` writes the valid blocks only, and `leaks`, `top` and `graph`
+/// end at once — all with exit status 3.
+#[test]
+fn impossible_sizes_and_addresses_are_skipped_and_reported() {
+    let dir = region_dir("damaged-sizes");
+    let r = hold_sized(&dir, 2002, 64);
+    let pid = r.pid().to_string();
+    let region = region_file(&dir);
+    let nodes: Vec<Node> = live_nodes(&region)
+        .into_iter()
+        .filter(|n| n.size == 64)
+        .collect();
+    assert_eq!(nodes.len(), 2002);
+    nodes[0].set_size(&region, u64::MAX);
+    nodes[1].set_size(&region, 1 << 63);
+    nodes[2].set_address(&region, 0xffff_ffff_ffff_fff8);
+
+    let out = dir.join("sizes.pb.gz");
+    let err = damaged(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+        "region damaged: 3 of ",
+    );
+    assert!(
+        err.contains("3 outside the user address space or of impossible size"),
+        "{err}"
+    );
+    let raw = pprof_raw(&out);
+    // 1,999 blocks of 64 bytes and the array of 2,002 pointers.
+    assert_eq!(
+        raw.sum_with("hold_blocks")[2..],
+        [2000, 1999 * 64 + 2002 * 8]
+    );
+    assert!(
+        raw.total()[3] < 1 << 30,
+        "a total wrapped: {:?}",
+        raw.total()
+    );
+    let summary = err.lines().last().unwrap();
+    let bytes: u64 = summary
+        .split(" bytes")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no byte total in {summary:?}"));
+    assert_eq!(bytes as i64, raw.total()[3], "{summary}");
+    assert_eq!(damage_comments(&out).len(), 1, "{:?}", raw.comments);
+
+    let contents = dir.join("contents");
+    let out2 = dir.join("contents.pb.gz");
+    damaged(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "--contents-dir",
+            contents.to_str().unwrap(),
+            "-o",
+            out2.to_str().unwrap(),
+        ],
+        "region damaged: 3 of ",
+    );
+    let files: Vec<String> = std::fs::read_dir(&contents)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        files.len() as i64,
+        raw.total()[2],
+        "one file per valid block"
+    );
+    assert!(!files.contains(&"0xfffffffffffffff8".to_owned()));
+    for n in &nodes[..2] {
+        assert!(!files.contains(&format!("{:#x}", n.address)));
+    }
+
+    let snap = dir.join("g.heapsnapshot");
+    for args in [
+        vec!["leaks", "--by-pid", &pid],
+        vec!["top", "--retained", "--by-pid", &pid],
+        vec!["graph", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
+    ] {
+        damaged(&dir, &args, "region damaged: 3 of ");
+    }
+    drop(r);
+}
+
+/// B4, B5: 2,002 live records that all claim the same 1 GiB at one address: one is kept, the
+/// other 2,001 are counted as overlapping, the live total is 1 GiB (not 2,002 GiB), and
+/// `leaks`, `top` and `graph` end at once (the block is not mapped: nothing to read).
+#[test]
+fn overlapping_blocks_are_counted_once() {
+    let dir = region_dir("damaged-overlap");
+    let r = hold_sized(&dir, 2002, 64);
+    let pid = r.pid().to_string();
+    let region = region_file(&dir);
+    let nodes: Vec<Node> = live_nodes(&region)
+        .into_iter()
+        .filter(|n| n.size == 64)
+        .collect();
+    assert_eq!(nodes.len(), 2002);
+    for n in &nodes {
+        n.set_address(&region, 0x10_0000_0000);
+        n.set_size(&region, 1 << 30);
+    }
+    let out = dir.join("overlap.pb.gz");
+    let err = damaged(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+        "region damaged: 2001 of ",
+    );
+    assert!(err.contains("2001 overlapping another block"), "{err}");
+    let raw = pprof_raw(&out);
+    assert_eq!(raw.sum_with("hold_blocks")[2..], [2, (1 << 30) + 2002 * 8]);
+    assert_eq!(damage_comments(&out).len(), 1);
+
+    let out = dir.join("overlap-tags.pb.gz");
+    damaged(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "--with-tags",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        "region damaged: 2001 of ",
+    );
+    assert_addresses_distinct(&decode(&out), "a damaged region's blocks");
+
+    let snap = dir.join("g.heapsnapshot");
+    for args in [
+        vec!["leaks", "--by-pid", &pid],
+        vec!["top", "--retained", "--by-pid", &pid],
+        vec!["graph", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
+    ] {
+        damaged(&dir, &args, "region damaged: 2001 of ");
+    }
+    drop(r);
+}
