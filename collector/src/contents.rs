@@ -213,7 +213,12 @@ pub fn read(
     req: &Request,
     dir: Option<&OutDir>,
 ) -> Result<Outcome> {
-    let mut order: Vec<&vmo_layout::Block> = blocks.iter().collect();
+    // The snapshot validated them (`vmo_layout::check`); kept here too so that no address
+    // arithmetic below can overflow, whoever calls this.
+    let mut order: Vec<&vmo_layout::Block> = blocks
+        .iter()
+        .filter(|b| vmo_layout::check::in_range(b))
+        .collect();
     order.sort_unstable_by_key(|b| b.address);
     order.dedup_by_key(|b| b.address);
     let mut out = Outcome::default();

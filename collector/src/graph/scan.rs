@@ -43,6 +43,25 @@ pub struct Mapping {
     pub path: String,
 }
 
+/// Whether `[start, end)` lies wholly in readable mappings of `maps` (sorted by address, as
+/// `/proc/PID/maps` lists them): memory a block can only be read from. A block claiming more
+/// (a crafted size, or one freed and unmapped since the snapshot) is not read at all, so the
+/// work of reading is bounded by what the target has mapped, not by what its region says.
+pub fn readable(maps: &[Mapping], start: u64, end: u64) -> bool {
+    let mut at = start;
+    let mut i = maps.partition_point(|m| m.end <= start);
+    while at < end {
+        match maps.get(i) {
+            Some(m) if m.read && m.start <= at => {
+                at = m.end;
+                i += 1;
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Parses `/proc/PID/maps`.
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -355,6 +374,13 @@ pub fn build(
     progress: &dyn Fn(&str),
 ) -> Result<(Graph, ScanStats)> {
     let started = Instant::now();
+    // The snapshot validated them (`vmo_layout::check`); kept here too so that no address
+    // arithmetic below can overflow, whoever calls this.
+    blocks.retain(|b| {
+        b.address
+            .checked_add(b.size.max(1))
+            .is_some_and(|e| e <= vmo_layout::check::USER_END)
+    });
     blocks.sort_unstable_by_key(|b| b.address);
     blocks.dedup_by_key(|b| b.address);
     // The list may have been collected in place into a larger allocation (the snapshot's).
@@ -376,7 +402,9 @@ pub fn build(
     // Work is cut into units of about UNIT_BYTES of contents (a run of blocks, or a piece of
     // one large block) that the scanning threads take in turn, so that a large block or a
     // dense part of the heap does not leave a core idle; the results are put back in order.
-    let units = work_units(&blocks);
+    let units = work_units(&blocks, |b| {
+        readable(&maps, b.address, b.address.saturating_add(b.size))
+    });
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -503,6 +531,8 @@ enum Unit {
     Blocks(u32, u32),
     /// Bytes `[from, to)` (offsets, multiples of 8) of block `block`, larger than a unit.
     Piece { block: u32, from: u64, to: u64 },
+    /// Block `block`, larger than a unit, not wholly in readable memory: nothing to read.
+    Unreadable(u32),
 }
 
 /// What a unit found.
@@ -519,12 +549,19 @@ enum UnitResult {
     },
 }
 
-/// Cuts the scan of `blocks` (sorted by address) into units of about [`UNIT_BYTES`].
-fn work_units(blocks: &[Block]) -> Vec<Unit> {
+/// Cuts the scan of `blocks` (sorted by address) into units of about [`UNIT_BYTES`]; a block
+/// larger than a unit that is not wholly `readable` becomes one [`Unit::Unreadable`] (so the
+/// number of units is bounded by the mapped memory, not by the sizes a region claims).
+fn work_units(blocks: &[Block], readable: impl Fn(&Block) -> bool) -> Vec<Unit> {
     let mut units = Vec::new();
     let mut i = 0usize;
     while i < blocks.len() {
         let size = blocks[i].size & !7;
+        if size > UNIT_BYTES && !readable(&blocks[i]) {
+            units.push(Unit::Unreadable(i as u32));
+            i += 1;
+            continue;
+        }
         if size > UNIT_BYTES {
             let mut from = 0;
             while from < size {
@@ -556,6 +593,12 @@ fn scan_unit(blocks: &[Block], unit: &Unit, lookup: &Lookup, mem: &Memory) -> Un
                 scan_blocks(&blocks[a as usize..b as usize], lookup, mem);
             UnitResult::Blocks(counts, targets, stats)
         }
+        Unit::Unreadable(block) => UnitResult::Piece {
+            block,
+            hits: Vec::new(),
+            ok: false,
+            last: true,
+        },
         Unit::Piece { block, from, to } => {
             let mut buf = vec![0u8; (to - from) as usize];
             let ok = mem.read(blocks[block as usize].address + from, &mut buf) == buf.len();
@@ -961,7 +1004,7 @@ mod tests {
             assert_eq!(l.find(v), want, "{v:#x}");
         }
         // The big block is cut into 1 MiB pieces, the rest into runs of blocks.
-        let units = work_units(&blocks);
+        let units = work_units(&blocks, |_| true);
         assert_eq!(
             units,
             vec![
@@ -984,6 +1027,34 @@ mod tests {
                 Unit::Blocks(5, 6),
             ]
         );
+        // A big block outside the mapped memory is one unit, whatever its size.
+        let units = work_units(&blocks, |b| b.size < 1 << 20);
+        assert_eq!(units[1], Unit::Unreadable(4));
+        assert_eq!(units.len(), 3);
+    }
+
+    #[test]
+    fn readable_is_covered_by_readable_mappings() {
+        let m = |start, end, read| Mapping {
+            start,
+            end,
+            read,
+            write: read,
+            path: String::new(),
+        };
+        let maps = [
+            m(0x1000, 0x3000, true),
+            m(0x3000, 0x5000, true),
+            m(0x5000, 0x6000, false),
+            m(0x8000, 0x9000, true),
+        ];
+        assert!(readable(&maps, 0x1000, 0x5000), "across two neighbours");
+        assert!(readable(&maps, 0x2ff8, 0x3008));
+        assert!(!readable(&maps, 0x4ff8, 0x5008), "into an unreadable one");
+        assert!(!readable(&maps, 0x8ff8, 0x9008), "past the last");
+        assert!(!readable(&maps, 0x7000, 0x8008), "from a gap");
+        assert!(!readable(&maps, 0x10_0000_0000, 0x10_4000_0000));
+        assert!(readable(&maps, 0x8000, 0x8000), "empty");
     }
 
     #[test]
