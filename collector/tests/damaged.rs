@@ -183,3 +183,145 @@ fn overlapping_blocks_are_counted_once() {
     }
     drop(r);
 }
+
+/// `examples/c/named_churn.c`: named snapshots "before" and "after", records held for them.
+fn named_churn() -> std::path::PathBuf {
+    let include = root().join("instrumentation/include");
+    compile_c(
+        "named_churn",
+        &[
+            "-fno-optimize-sibling-calls",
+            "-I",
+            include.to_str().unwrap(),
+        ],
+    )
+}
+
+/// Runs each of `commands` against `dir`'s region while it is being rewritten, `rounds`
+/// times: each must end within [`LIMIT`] with 0, 1 (a clean error) or 3 (damaged), never a
+/// panic (101), a signal or a hang. Returns the outcome counts per command, for the report.
+fn survive(
+    dir: &Path,
+    commands: &[(String, Vec<String>)],
+    rounds: usize,
+) -> std::collections::BTreeMap<String, [u32; 3]> {
+    let mut seen = std::collections::BTreeMap::new();
+    for round in 0..rounds {
+        for (name, args) in commands {
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| a.replace("{round}", &round.to_string()))
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let t = heapdump_timeout(dir, &args, LIMIT);
+            assert!(!t.timed_out, "{args:?} hung: {}", t.stderr);
+            assert!(
+                !t.stderr.contains("panicked"),
+                "{args:?} panicked: {}",
+                t.stderr
+            );
+            let k = match t.code {
+                Some(0) => 0,
+                Some(1) => 1,
+                Some(3) => 2,
+                _ => panic!("{args:?} ended with {:?}: {}", t.code, t.stderr),
+            };
+            seen.entry(name.to_string()).or_insert([0u32; 3])[k] += 1;
+        }
+    }
+    seen
+}
+
+/// The commands of the rewrite test against pid `pid`, writing under `out`: all of them for a
+/// live process, those that read only the region for an exited one.
+fn commands(pid: &str, out: &Path, live: bool) -> Vec<(String, Vec<String>)> {
+    let profile = out.join("p.pb.gz").to_str().unwrap().to_owned();
+    let contents = out.join("contents-{round}").to_str().unwrap().to_owned();
+    let heap = out.join("g.heapsnapshot").to_str().unwrap().to_owned();
+    let snap = |extra: &[&str]| {
+        let mut v = vec!["snapshot", "--by-pid", pid, "-o", &profile];
+        v.extend_from_slice(extra);
+        v.iter().map(|a| a.to_string()).collect::<Vec<String>>()
+    };
+    let mut c = vec![
+        ("snapshot".to_owned(), snap(&[])),
+        ("snapshot --with-tags".to_owned(), snap(&["--with-tags"])),
+        (
+            "snapshot --named before".to_owned(),
+            snap(&["--named", "before"]),
+        ),
+        ("snapshot --since 1h".to_owned(), snap(&["--since", "1h"])),
+        (
+            "list".to_owned(),
+            vec!["list".to_owned(), "--json".to_owned()],
+        ),
+    ];
+    if live {
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<String>>();
+        c.extend([
+            (
+                "snapshot --contents-dir --with-strings".to_owned(),
+                snap(&["--contents-dir", &contents, "--with-strings"]),
+            ),
+            ("leaks".to_owned(), s(&["leaks", "--by-pid", pid])),
+            (
+                "top --retained".to_owned(),
+                s(&["top", "--retained", "--by-pid", pid]),
+            ),
+            (
+                "graph -o .heapsnapshot".to_owned(),
+                s(&["graph", "--by-pid", pid, "-o", &heap]),
+            ),
+        ]);
+    }
+    c
+}
+
+/// B6: a region whose owner rewrites its live parts (header counters and cursors, records,
+/// stack entries and frames, thread slots, module table, named snapshots) continuously while
+/// every command reads it — a live process's region, and an exited process's kept one.
+#[test]
+fn region_rewritten_while_read_never_crashes_or_hangs() {
+    let dir = region_dir("rewritten");
+    let out = dir.with_extension("out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir(&out).unwrap();
+    let exe = named_churn();
+    let rounds: usize = std::env::var("HEAPDUMP_TEST_REWRITE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+
+    // A live process: every command.
+    let r = start(std::process::Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let region = region_file(&dir);
+    let nodes = peek_u64(&region, NODE_CURSOR_AT);
+    let rw = Rewriter::start(&region, live_parts(&region, nodes), 0x9e37_79b9_7f4a_7c15);
+    let live = survive(&dir, &commands(&pid, &out, true), rounds);
+    let mut writes = rw.stop();
+    drop(r);
+    std::fs::remove_file(&region).unwrap();
+
+    // An exited process's kept region: what can be read post-mortem.
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.env("HEAPDUMP_KEEP", "1");
+    let r = start(cmd, &dir, true);
+    let pid = r.pid().to_string();
+    assert_eq!(r.finish(), 0);
+    let region = region_file(&dir);
+    let nodes = peek_u64(&region, NODE_CURSOR_AT);
+    let rw = Rewriter::start(&region, live_parts(&region, nodes), 0x2545_f491_4f6c_dd1d);
+    let dead = survive(&dir, &commands(&pid, &out, false), rounds);
+    writes += rw.stop();
+    eprintln!("rewritten region: {writes} words written; outcomes [exit 0, exit 1, exit 3]:");
+    for (k, v) in live {
+        eprintln!("  live process, {k}: {v:?}");
+    }
+    for (k, v) in dead {
+        eprintln!("  exited process, {k}: {v:?}");
+    }
+    std::fs::remove_file(&region).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(writes > 10_000, "the rewriter hardly ran: {writes} writes");
+}

@@ -117,3 +117,90 @@ pub fn live_parts(region: &Path, nodes: u64) -> Vec<(u64, u64)> {
     parts.retain(|p| p.1 > 0);
     parts
 }
+
+/// A thread rewriting parts of a region file continuously (`pwrite`, so every mapping of the
+/// file sees it at once) until dropped: random words, zeros, all-ones, 2^63, small numbers,
+/// the original word with one bit flipped or nudged, or the original back; every few thousand
+/// writes everything is restored, so the region keeps swinging between sound and absurd.
+pub struct Rewriter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Rewriter {
+    /// Starts rewriting `parts` ((offset, length) pairs, see [`live_parts`]) of `region`.
+    pub fn start(region: &Path, parts: Vec<(u64, u64)>, seed: u64) -> Rewriter {
+        use std::sync::atomic::Ordering;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(region)
+            .unwrap();
+        let original: Vec<Vec<u8>> = parts
+            .iter()
+            .map(|&(at, len)| {
+                let mut b = vec![0u8; len as usize];
+                file.read_exact_at(&mut b, at).unwrap();
+                b
+            })
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut x = seed | 1;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let mut writes = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                for _ in 0..64 {
+                    let p = (next() % parts.len() as u64) as usize;
+                    let (at, len) = parts[p];
+                    let k = (next() % (len / 8).max(1)) as usize * 8;
+                    let was = u64::from_ne_bytes(original[p][k..k + 8].try_into().unwrap());
+                    let v = match next() % 9 {
+                        0 | 1 => next(),
+                        2 => 0,
+                        3 => u64::MAX,
+                        4 => 1 << 63,
+                        5 => next() % 4096,
+                        6 => was ^ (1 << (next() % 64)),
+                        7 => was.wrapping_add(next() % 64).wrapping_sub(32),
+                        _ => was,
+                    };
+                    let _ = file.write_all_at(&v.to_ne_bytes(), at + k as u64);
+                    writes += 1;
+                }
+                if writes.is_multiple_of(8192) {
+                    for (&(at, _), b) in parts.iter().zip(&original) {
+                        let _ = file.write_all_at(b, at);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            writes
+        });
+        Rewriter {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops the thread; returns how many words it wrote.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Rewriter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
