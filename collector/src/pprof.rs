@@ -330,7 +330,9 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             key_timestamp: s.id("timestamp"),
             unit_ns: s.id("nanoseconds"),
             interval: c.info.sample_interval,
-            wall_offset: c.info.created_realtime_ns as i64 - c.info.created_monotonic_ns as i64,
+            // Header values (untrusted): wrapping, never an overflow.
+            wall_offset: (c.info.created_realtime_ns as i64)
+                .wrapping_sub(c.info.created_monotonic_ns as i64),
             extra: Vec::new(),
             strings: HashMap::new(),
             key_string: 0,
@@ -493,7 +495,7 @@ impl BlockSamples<'_> {
             });
             sample.label.push(pb::Label {
                 key: self.key_timestamp,
-                num: b.t_alloc as i64 + self.wall_offset,
+                num: (b.t_alloc as i64).wrapping_add(self.wall_offset),
                 num_unit: self.unit_ns,
                 ..Default::default()
             });

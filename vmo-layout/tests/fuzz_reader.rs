@@ -8,7 +8,7 @@
 use proptest::prelude::*;
 use std::sync::atomic::Ordering;
 use vmo_layout::v1::{plan, Capacities, ModuleV1, SegmentV1, MODULE_LOADED};
-use vmo_layout::{ProcessIdentity, Region, RegionWriter, SnapshotOptions};
+use vmo_layout::{check, Block, ProcessIdentity, Region, RegionWriter, SnapshotOptions};
 
 const CAPS: Capacities = Capacities {
     nodes: 256,
@@ -78,13 +78,27 @@ fn read_all(bytes: &[u8]) -> Option<u64> {
         wait_timeout: std::time::Duration::from_millis(1),
         ..SnapshotOptions::default()
     };
-    let meta = r.snapshot(&opts, |b| {
-        let _ = (b.address, b.size);
-    });
+    let mut blocks = Vec::new();
+    let meta = r.snapshot(&opts, |b| blocks.push(*b));
     assert!(
         meta.nodes_scanned <= bytes.len() as u64 / 40,
         "scanned more nodes than fit"
     );
+    let live = blocks.len() as u64;
+    valid_blocks(blocks);
+    // The moments paths: blocks live at each named snapshot's instant, and born after it.
+    for s in r.named_snapshots().into_iter().take(8) {
+        for (at, born_after) in [(Some(s.time_ns), 0), (None, s.time_ns)] {
+            let mut blocks = Vec::new();
+            let o = SnapshotOptions {
+                at,
+                born_after,
+                ..opts
+            };
+            r.snapshot(&o, |b| blocks.push(*b));
+            valid_blocks(blocks);
+        }
+    }
     for id in 0..(r.stack_count() as u32 + 4) {
         if let Some(f) = r.stack(id) {
             assert!(f.len() <= vmo_layout::v1::MAX_FRAMES);
@@ -93,7 +107,29 @@ fn read_all(bytes: &[u8]) -> Option<u64> {
     }
     assert!(r.threads().len() as u64 <= bytes.len() as u64 / 128);
     assert!(r.modules().len() as u64 <= bytes.len() as u64 / 1024);
-    Some(meta.blocks)
+    Some(live)
+}
+
+/// What every consumer of a snapshot relies on after `check::validate`: blocks sorted, inside
+/// the user address space, not overlapping, so that no total of their sizes can wrap; and
+/// every block either kept or counted as damage.
+fn valid_blocks(mut blocks: Vec<Block>) {
+    let n = blocks.len() as u64;
+    let damage = check::validate(&mut blocks);
+    assert_eq!(blocks.len() as u64 + damage.skipped(), n);
+    assert!(damage.examples.len() <= check::Damage::EXAMPLES);
+    let mut total = 0u64;
+    let mut end = 0u64;
+    for b in &blocks {
+        assert!(check::in_range(b), "{b:?}");
+        assert!(b.address >= end, "overlap at {b:?}");
+        end = check::block_end(b).unwrap();
+        total = total.checked_add(b.size).unwrap();
+    }
+    assert!(total <= check::USER_END);
+    if !damage.is_empty() {
+        assert!(damage.describe(n).starts_with("region damaged: "));
+    }
 }
 
 fn as_bytes(v: &[u64]) -> Vec<u8> {
@@ -143,6 +179,29 @@ proptest! {
         for (off, b) in hot { s[off] = b; }
         if let Some(c) = cut { s.truncate(c % (len + 1)); }
         let _ = check(&s);
+    }
+
+    /// The records' address and size words set to extremes, small numbers or each other's:
+    /// impossible sizes, wrapping ends, blocks at one address and overlapping ones.
+    #[test]
+    fn crafted_addresses_and_sizes_are_validated(
+        words in prop::collection::vec((0usize..32, any::<bool>(), 0u8..6, any::<u64>()), 1..48)) {
+        let mut v = seed();
+        let (sections, _) = plan(&CAPS);
+        // The allocations section's offset, in words (records are 5 words).
+        let at = sections[section_index(vmo_layout::v1::section::ALLOCATIONS)].offset as usize / 8;
+        for (node, size, kind, x) in words {
+            let w = at + node * 5 + size as usize;
+            v[w] = match kind {
+                0 => x,
+                1 => u64::MAX - (x % 64),
+                2 => 1 << 63,
+                3 => 0x10_0000 + (x % 4096),
+                4 => v[at + ((x % 32) as usize) * 5 + size as usize],
+                _ => x % (1 << 30),
+            };
+        }
+        let _ = check(&as_bytes(&v));
     }
 
     #[test]

@@ -106,8 +106,10 @@ pub fn live_nodes(region: &Path) -> Vec<Node> {
 /// least: the header's counters and cursors, the first `nodes` records, the stack entries and
 /// frames in use, the thread slots and the module table. (offset, length) pairs.
 pub fn live_parts(region: &Path, nodes: u64) -> Vec<(u64, u64)> {
-    // state, flags, named snapshots' floor, lease, cursors, counts: up to the section table.
-    let mut parts = vec![(88u64, 384 - 88)];
+    // flags, start ticks, creation times, executable, sampling interval, state, named
+    // snapshots' floor, lease, cursors, counts: up to the section table; the beginnings of
+    // the executable path, the command line and the warnings.
+    let mut parts = vec![(36u64, 384 - 36), (1024, 64), (2048, 64), (3072, 64)];
     let (at, cap, es) = section(region, ALLOCATIONS);
     parts.push((at, nodes.min(cap) * es));
     for kind in [STACK_ENTRIES, STACK_FRAMES, THREADS, MODULES, NAMED] {
