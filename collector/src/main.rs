@@ -11,6 +11,8 @@ mod cli;
 mod contents;
 mod flame;
 mod frozen;
+#[cfg(test)]
+mod fuzz;
 mod graph;
 mod hugealloc;
 mod moments;
