@@ -137,6 +137,9 @@ pub fn collect_at(
     // SIGTERM, SIGINT and SIGHUP release the lease before the collector dies (SIGKILL cannot:
     // writers then find the holder dead, see `RegionWriter::lease_holder_gone`).
     let _release = live.then(|| region.lease_word().map(lease::Guard::arm));
+    // The most the target has mapped, before and after the scan: no live block is larger.
+    let mapped = || alive.then(|| vm_size(target_pid)).flatten();
+    let mapped_before = mapped();
     let mut stopped = None;
     let mut meta = SnapshotMeta::default();
     for attempt in 0.. {
@@ -178,7 +181,11 @@ pub fn collect_at(
     drop(_release);
     // What a real heap could hold at one instant; the totals are of that only.
     let live_records = blocks.len() as u64;
-    let damage = vmo_layout::check::validate(&mut blocks);
+    let max_size = match (mapped_before, mapped()) {
+        (Some(a), Some(b)) => a.max(b),
+        _ => vmo_layout::check::USER_END,
+    };
+    let damage = vmo_layout::check::validate_within(&mut blocks, max_size);
     let mut inuse: HashMap<(u32, u32, u64), (f64, f64)> = HashMap::new();
     meta.blocks = blocks.len() as u64;
     meta.bytes = 0;
@@ -269,6 +276,16 @@ pub fn collect_at(
         notes: moment.notes.clone(),
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
     })
+}
+
+/// `VmSize` of process `pid` in bytes (`/proc/PID/statm`, first field, in pages); `None`
+/// when it cannot be read (gone, another pid namespace's number, no permission).
+fn vm_size(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = s.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages.checked_mul(u64::try_from(page).ok()?)
 }
 
 /// Snapshots of a target found stopped that are tried before falling back to the live

@@ -39,8 +39,9 @@ fn damage_comments(profile: &Path) -> Vec<String> {
         .collect()
 }
 
-/// B4, B5: sizes of u64::MAX and 2^63 and a block at 0xfffffffffffffff8 in a live process's
-/// region: the three records are skipped and counted, the other 1,999 blocks are exact, no
+/// B4, B5: sizes of u64::MAX, 2^63 and 1 TiB (more than the process has mapped) and a block
+/// at 0xfffffffffffffff8 in a live process's region: the four records are skipped and
+/// counted, the other 1,998 blocks are exact, no
 /// total wraps, `--contents-dir` writes the valid blocks only, and `leaks`, `top` and `graph`
 /// end at once — all with exit status 3.
 #[test]
@@ -57,22 +58,24 @@ fn impossible_sizes_and_addresses_are_skipped_and_reported() {
     nodes[0].set_size(&region, u64::MAX);
     nodes[1].set_size(&region, 1 << 63);
     nodes[2].set_address(&region, 0xffff_ffff_ffff_fff8);
+    // Inside the address space, but larger than all the process has mapped.
+    nodes[3].set_size(&region, 1 << 40);
 
     let out = dir.join("sizes.pb.gz");
     let err = damaged(
         &dir,
         &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
-        "region damaged: 3 of ",
+        "region damaged: 4 of ",
     );
     assert!(
-        err.contains("3 outside the user address space or of impossible size"),
+        err.contains("4 outside the user address space or of impossible size"),
         "{err}"
     );
     let raw = pprof_raw(&out);
-    // 1,999 blocks of 64 bytes and the array of 2,002 pointers.
+    // 1,998 blocks of 64 bytes and the array of 2,002 pointers.
     assert_eq!(
         raw.sum_with("hold_blocks")[2..],
-        [2000, 1999 * 64 + 2002 * 8]
+        [1999, 1998 * 64 + 2002 * 8]
     );
     assert!(
         raw.total()[3] < 1 << 30,
@@ -102,7 +105,7 @@ fn impossible_sizes_and_addresses_are_skipped_and_reported() {
             "-o",
             out2.to_str().unwrap(),
         ],
-        "region damaged: 3 of ",
+        "region damaged: 4 of ",
     );
     let files: Vec<String> = std::fs::read_dir(&contents)
         .unwrap()
@@ -114,7 +117,7 @@ fn impossible_sizes_and_addresses_are_skipped_and_reported() {
         "one file per valid block"
     );
     assert!(!files.contains(&"0xfffffffffffffff8".to_owned()));
-    for n in &nodes[..2] {
+    for n in [&nodes[0], &nodes[1], &nodes[3]] {
         assert!(!files.contains(&format!("{:#x}", n.address)));
     }
 
@@ -124,7 +127,7 @@ fn impossible_sizes_and_addresses_are_skipped_and_reported() {
         vec!["top", "--retained", "--by-pid", &pid],
         vec!["graph", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
     ] {
-        damaged(&dir, &args, "region damaged: 3 of ");
+        damaged(&dir, &args, "region damaged: 4 of ");
     }
     drop(r);
 }

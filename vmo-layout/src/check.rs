@@ -114,14 +114,26 @@ pub fn in_range(b: &Block) -> bool {
 /// Keeps the blocks of `blocks` that can be true (see the module docs), sorted by address,
 /// and says what was left out. O(n log n) time, no memory besides the sort's.
 pub fn validate(blocks: &mut Vec<Block>) -> Damage {
+    validate_within(blocks, USER_END)
+}
+
+/// [`validate`], where no block may be larger than `max_size` bytes either: for a running
+/// process, the most it had mapped (its `VmSize`) around the snapshot, which every live
+/// block lies in.
+pub fn validate_within(blocks: &mut Vec<Block>, max_size: u64) -> Damage {
     let mut damage = Damage::default();
     blocks.retain(|b| {
-        let ok = in_range(b);
-        if !ok {
+        if !in_range(b) {
             damage.out_of_range += 1;
             damage.note(b, "outside the user address space");
+            return false;
         }
-        ok
+        if b.size > max_size {
+            damage.out_of_range += 1;
+            damage.note(b, "larger than all the memory the process has mapped");
+            return false;
+        }
+        true
     });
     blocks.sort_unstable_by_key(|b| (b.address, b.size, b.t_alloc, b.stack, b.thread));
     let mut end = 0u64; // end of the last block kept
@@ -183,6 +195,18 @@ mod tests {
         assert!(d
             .describe(12)
             .starts_with("region damaged: 8 of 12 live records skipped"));
+    }
+
+    #[test]
+    fn no_block_larger_than_the_mapped_memory() {
+        let mut v = vec![b(0x1000, 4096, 1), b(0x10000, 4097, 2), b(0x20000, 0, 3)];
+        let d = validate_within(&mut v, 4096);
+        assert_eq!(v.len(), 2);
+        assert_eq!(d.out_of_range, 1);
+        assert_eq!(
+            d.examples[0].1,
+            "larger than all the memory the process has mapped"
+        );
     }
 
     #[test]
