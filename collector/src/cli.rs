@@ -12,7 +12,7 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "heapdump", version, propagate_version = true)]
 #[command(
-    after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg          # flame graph, no Go needed\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID)."
+    after_help = "Examples:\n  heapdump run -- ./server --port 8080\n  heapdump list\n  heapdump snapshot --by-pid 1234 -o s.pb.gz\n  go tool pprof -http=: s.pb.gz\n  heapdump snapshot --by-pid 1234 -o s.svg          # flame graph, no Go needed\n\nRegions live in $HEAPDUMP_DIR (default /dev/shm/heapdump-UID).\n\nExit status: 0 done; 1 error (nothing written); 3 output written, but the region was damaged: records that cannot be true (outside the address space, larger than the process's memory, overlapping another block) were skipped, as stderr and the profile's comments say. `heapdump run` exits with its command's status."
 )]
 pub struct Cli {
     #[command(subcommand)]

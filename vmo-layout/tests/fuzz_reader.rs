@@ -1,6 +1,8 @@
 //! The reader treats a region as hostile input: for valid regions with random bytes changed,
 //! truncated regions and random bytes behind a valid magic, it never panics, never loops
-//! without bound and never allocates more than the region's size allows.
+//! without bound and never allocates more than the region's size allows; and every snapshot
+//! (also at a named snapshot's instant and "born since" it: the moments paths) passes through
+//! `check::validate` to blocks that are sorted, in the address space and disjoint.
 //!
 //! Seeds: a region laid out and filled by the real writer (`seed()`), deterministic.
 //! Run longer with `PROPTEST_CASES=100000 cargo test --release -p vmo-layout --test fuzz_reader`.
