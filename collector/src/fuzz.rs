@@ -31,7 +31,7 @@ fn arena() -> &'static [u64] {
         let n = v.len() as u64;
         for (i, w) in v.iter_mut().enumerate() {
             let i = i as u64;
-            *w = if i % 3 == 0 {
+            *w = if i.is_multiple_of(3) {
                 i
             } else {
                 base + ((i * 2_654_435_761) % n) * 8
