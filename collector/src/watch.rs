@@ -80,8 +80,14 @@ pub fn watch(w: &WatchProps) -> Result<()> {
     }
     match &w.target {
         WatchTarget::Pid(pid) => {
-            let alive = (crate::scan()?.iter())
-                .any(|e| e.file.pid == *pid && e.liveness == Liveness::Alive);
+            let entries = crate::scan()?;
+            let alive: Vec<&Entry> = (entries.iter())
+                .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
+                .collect();
+            if let Some(why) = alive.iter().find_map(|e| e.foreign.as_ref()) {
+                bail!("{why}");
+            }
+            let alive = !alive.is_empty();
             if !alive {
                 crate::pick(&crate::cli::Target::Pid(*pid))?;
                 bail!(
