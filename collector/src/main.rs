@@ -15,6 +15,7 @@ mod graph;
 mod hugealloc;
 mod moments;
 mod multi;
+mod outdir;
 mod parca;
 mod pprof;
 mod priority;
@@ -523,8 +524,9 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
 }
 
 /// Tests only: with `HEAPDUMP_TEST_CONTENTS_PAUSE=FILE`, creates FILE after the snapshot and
-/// waits (at most 60 s) until it is removed before reading the contents, so that a test can
-/// free blocks in between.
+/// waits (at most 60 s) until it is removed before reading the contents (`--contents-dir`,
+/// and the reference graph's scan), so that a test can free blocks, or end the target, in
+/// between.
 fn test_pause() {
     let Some(file) = std::env::var_os("HEAPDUMP_TEST_CONTENTS_PAUSE") else {
         return;
@@ -811,6 +813,7 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
     stage(&format!("snapshotting pid {}", info.pid));
     let timeout = std::time::Duration::from_secs_f64(lock_timeout.clamp(0.0, 1e9));
     let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
+    test_pause();
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Command;
 
 /// The uid and gid a planted region belongs to: `nobody`.
 const NOBODY: u32 = 65534;
@@ -187,4 +188,398 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// A directory reached through a symbolic link, with or without a trailing slash, is never
+/// written to: `--contents-dir`, `watch -o`, and the directory of `-o FILE`.
+#[test]
+fn output_directories_reached_through_a_link_are_refused() {
+    let test = "output_directories_reached_through_a_link_are_refused";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("links");
+    let r = hold_sized(&dir, 10, 64);
+    let p = r.pid().to_string();
+    let base = region_dir("links-out");
+    let target = base.join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let link = base.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let l = link.to_str().unwrap().to_owned();
+    for l in [
+        l.clone(),
+        format!("{l}/"),
+        format!("{l}//"),
+        format!("{l}/."),
+    ] {
+        let runs: Vec<Vec<String>> = vec![
+            vec![
+                "snapshot",
+                "--by-pid",
+                &p,
+                "-o",
+                "/dev/null",
+                "--contents-dir",
+                &l,
+            ],
+            vec!["snapshot", "--by-pid", &p, "-o", &format!("{l}/x.pb.gz")],
+            vec![
+                "watch", "--by-pid", &p, "--every", "1s", "--count", "1", "-o", &l,
+            ],
+        ]
+        .into_iter()
+        .map(|v| v.into_iter().map(str::to_owned).collect())
+        .collect();
+        for args in &runs {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let t = heapdump_timeout(&dir, &args, std::time::Duration::from_secs(60));
+            assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+            assert!(t.stderr.contains("symbolic link"), "{args:?}: {}", t.stderr);
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+    assert!(left.is_empty(), "written through the link: {left:?}");
+    // The real directory is written to.
+    let t = target.to_str().unwrap();
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &p,
+            "-o",
+            "/dev/null",
+            "--contents-dir",
+            &format!("{t}/"),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 11);
+    drop(r);
+}
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 taking every request with 200 (keep-alive); each
+/// request's body is sent on the channel. `delay`: answer one byte a second instead (a slow
+/// server: the answer never completes in a push's time).
+fn http_server(slow: bool) -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let mut r = BufReader::new(c);
+                loop {
+                    let mut len = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = tx.send(body);
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                    if slow {
+                        for b in answer {
+                            if w.write_all(&[*b]).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(std::time::Duration::from_secs(1));
+                        }
+                    } else if w.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// A spooled profile (the spool's format: protobuf `Record`, field 1 version 1, field 2 a
+/// label, field 3 the profile, field 4 the id) whose label value is `marker`.
+fn record(marker: &str) -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+        out.push(tag << 3 | 2);
+        let mut n = bytes.len();
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut label = Vec::new();
+    field(&mut label, 1, b"service_name");
+    field(&mut label, 2, marker.as_bytes());
+    let mut out = vec![1 << 3, 1];
+    field(&mut out, 2, &label);
+    field(&mut out, 3, &[0x1f, 0x8b]);
+    field(&mut out, 4, marker.as_bytes());
+    out
+}
+
+/// Spool files that this collector's writer did not make — another user's, or writable by
+/// others — are skipped with a warning and never pushed; its own are.
+#[test]
+fn planted_spool_files_are_never_pushed() {
+    let test = "planted_spool_files_are_never_pushed";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("spool-planted");
+    let r = hold_sized(&dir, 10, 64);
+    let out = region_dir("spool-planted-out");
+    let spool = out.join(".spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    mode(&spool, 0o700);
+    let own = spool.join("000000000001.hdpush");
+    std::fs::write(&own, record("OWN-MARKER")).unwrap();
+    mode(&own, 0o600);
+    let open = spool.join("000000000002.hdpush");
+    std::fs::write(&open, record("WRITABLE-MARKER")).unwrap();
+    mode(&open, 0o666);
+    if is_root() {
+        let theirs = spool.join("000000000003.hdpush");
+        std::fs::write(&theirs, record("NOBODY-MARKER")).unwrap();
+        mode(&theirs, 0o600);
+        std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    } else {
+        println!("skipped: {test}: (part) a spool file of another user needs root to chown");
+    }
+    let (url, rx) = http_server(false);
+    let p = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &p,
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            "--push",
+            &url,
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let bodies: Vec<String> = rx
+        .try_iter()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), 2, "own spooled + the new one: {}", t.stderr);
+    assert!(bodies[0].contains("OWN-MARKER"));
+    assert!(!bodies
+        .iter()
+        .any(|b| b.contains("WRITABLE-MARKER") || b.contains("NOBODY-MARKER")));
+    let warned = |f: &str| {
+        t.stderr
+            .lines()
+            .any(|l| l.contains("warning") && l.contains(f) && l.contains("never pushed"))
+    };
+    assert!(warned("000000000002.hdpush"), "{}", t.stderr);
+    assert!(
+        !is_root() || warned("000000000003.hdpush") && t.stderr.contains("owned by uid 65534"),
+        "{}",
+        t.stderr
+    );
+    // Skipped, not removed.
+    let left: Vec<_> = std::fs::read_dir(&spool)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(open.exists() && !own.exists(), "{left:?}: {}", t.stderr);
+    drop(r);
+}
+
+/// A server that answers one byte a second does not stop `watch` from taking its snapshots:
+/// `--every 1s --count 4` writes 4 files, for 4 consecutive beats, none skipped.
+#[test]
+fn a_slow_push_server_never_delays_a_beat() {
+    let test = "a_slow_push_server_never_delays_a_beat";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("slow-push");
+    let r = hold_sized(&dir, 10, 64);
+    let out = region_dir("slow-push-out");
+    let (url, _rx) = http_server(true);
+    let p = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &p,
+            "--every",
+            "1s",
+            "--count",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+            "--push",
+            &url,
+            "--push-timeout",
+            "4s",
+        ],
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(
+        t.stderr.contains("4 beats (0 skipped), 4 files written"),
+        "{}",
+        t.stderr
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".pb.gz"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    // NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz: consecutive seconds.
+    let secs: Vec<u32> = names
+        .iter()
+        .map(|n| {
+            let s = &n[n.len() - 13..n.len() - 7];
+            let v: u32 = s.parse().unwrap();
+            (v / 10000) * 3600 + (v / 100 % 100) * 60 + v % 100
+        })
+        .collect();
+    for w in secs.windows(2) {
+        assert_eq!((w[1] + 86400 - w[0]) % 86400, 1, "{names:?}");
+    }
+    drop(r);
+}
+
+/// Waits until `pid` is a zombie (state `Z` in /proc/PID/stat).
+fn wait_zombie(pid: u32) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z') {
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "pid {pid} never became a zombie"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A zombie is listed as `zombie`, and `leaks` on it says so; a target that exits during the
+/// read is reported as having exited, not as a ptrace permission problem.
+#[test]
+fn exited_and_zombie_targets_are_named_as_such() {
+    let test = "exited_and_zombie_targets_are_named_as_such";
+    if !can_run(test) {
+        return;
+    }
+    // Killed but not reaped (the test is its parent and does not wait for it).
+    let dir = region_dir("zombie");
+    let r = hold_sized(&dir, 10, 64);
+    let pid = r.pid();
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_zombie(pid);
+    let (ok, stdout, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v[0]["pid"], pid);
+    assert_eq!(v[0]["status"], "zombie", "{stdout}");
+    let (_, stdout, _) = heapdump_cmd(&dir, &["list"]);
+    assert!(
+        stdout.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq([pid.to_string().as_str(), "zombie"])),
+        "{stdout}"
+    );
+    let p = pid.to_string();
+    for args in [
+        vec!["leaks", "--by-pid", &p],
+        vec![
+            "snapshot",
+            "--by-pid",
+            &p,
+            "--with-strings",
+            "-o",
+            "/dev/null",
+        ],
+    ] {
+        let (ok, _, err) = heapdump_cmd(&dir, &args);
+        assert!(!ok);
+        assert!(
+            err.contains("zombie (exited, not reaped)") && !err.contains("ptrace"),
+            "{args:?}: {err}"
+        );
+    }
+    // The post-mortem profile is still there.
+    let (ok, _, err) = heapdump_cmd(&dir, &["snapshot", "--by-pid", &p, "-o", "/dev/null"]);
+    assert!(ok, "{err}");
+    drop(r);
+
+    // Exits between the snapshot and the reading of its memory (the test pause), and stays
+    // a zombie: `leaks` and `--contents-dir` say it exited.
+    for args in [
+        vec!["leaks"],
+        vec!["snapshot", "--with-strings", "-o", "/dev/null"],
+    ] {
+        let dir = region_dir("exits");
+        let r = hold_sized(&dir, 10, 64);
+        let pid = r.pid();
+        let pause = dir.with_extension("pause");
+        let mut cmd = Command::new(heapdump());
+        cmd.args(&args)
+            .args(["--by-pid", &pid.to_string()])
+            .env("HEAPDUMP_DIR", &dir)
+            .env("HEAPDUMP_TEST_CONTENTS_PAUSE", &pause)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        let t0 = std::time::Instant::now();
+        while !pause.exists() {
+            assert!(t0.elapsed().as_secs() < 30, "{args:?}: never paused");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: killing the process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_zombie(pid);
+        std::fs::remove_file(&pause).unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("pid {pid} exited during the read")) && !err.contains("ptrace"),
+            "{args:?}: {err}"
+        );
+        drop(r);
+    }
 }
