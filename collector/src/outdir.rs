@@ -71,7 +71,7 @@ impl Dir {
                         .recursive(true)
                         .mode(0o700)
                         .create(parent)
-                        .with_context(|| format!("cannot create {}", parent.display()))?;
+                        .with_context(|| format!("cannot create the directory {}", parent.display()))?;
                 }
             }
             // SAFETY: a NUL-terminated path. mkdir never follows a link in the last component
@@ -103,7 +103,7 @@ impl Dir {
                 );
             }
             if e.raw_os_error() == Some(libc::ENOTDIR) {
-                bail!("{}: not a directory", path.display());
+                bail!("{}: exists and is not a directory", path.display());
             }
             return Err(e).with_context(|| format!("cannot open the directory {}", path.display()));
         }
