@@ -167,8 +167,10 @@ pub fn one(
     let regions::Usable {
         opened, liveness, ..
     } = regions::open_usable(&e.file.path, Some(&e.file))?;
-    if liveness != Liveness::Alive {
-        bail!("{} before its snapshot", liveness.gone());
+    match liveness {
+        Liveness::Alive => {}
+        Liveness::Zombie => bail!("became a zombie (exited, not reaped) before its snapshot"),
+        Liveness::Exited => bail!("exited before its snapshot"),
     }
     crate::snapshot::collect(&opened, liveness, with_blocks, lock_timeout)
 }
