@@ -13,9 +13,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Longest `process_vm_readv` of contents, bytes (as the reference scan's).
@@ -61,7 +59,7 @@ pub fn printable_prefix(bytes: &[u8]) -> Option<String> {
 /// The output directory, held open: every file is created relative to it.
 #[derive(Debug)]
 pub struct OutDir {
-    fd: OwnedFd,
+    fd: crate::outdir::Dir,
     path: PathBuf,
 }
 
@@ -72,49 +70,11 @@ impl OutDir {
     /// Errors: `path` is a symbolic link, exists and is not a directory, is not empty (every
     /// file in it must be a block of this snapshot), or cannot be created or opened.
     pub fn prepare(path: &Path) -> Result<OutDir> {
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => bail!(
-                "{}: is a symbolic link; --contents-dir takes a new or empty directory, not a link",
-                path.display()
-            ),
-            Ok(m) if !m.is_dir() => bail!(
-                "{}: exists and is not a directory; --contents-dir takes a new or empty directory",
-                path.display()
-            ),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(path)
-                    .with_context(|| format!("cannot create the directory {}", path.display()))?;
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
-        }
-        let c = CString::new(path.as_os_str().as_encoded_bytes())
-            .with_context(|| format!("{}: a path with a NUL byte", path.display()))?;
-        // SAFETY: `c` is a NUL-terminated path; the flags open a directory without following a
-        // final symbolic link (one swapped in since the check above fails with ELOOP/ENOTDIR).
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).with_context(|| {
-                format!(
-                    "cannot open the directory {} (was it replaced by a link?)",
-                    path.display()
-                )
-            });
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Opened once without following a link, trailing slash or not (`crate::outdir`).
+        let dir = crate::outdir::Dir::open(path, crate::outdir::Create::Last)
+            .with_context(|| "--contents-dir takes a new or empty directory")?;
         // The directory opened, not the path (which could have been swapped meanwhile).
-        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-            .with_context(|| format!("cannot list {}", path.display()))?
-            .count();
+        let entries = dir.names()?.len();
         if entries > 0 {
             bail!(
                 "{}: is not empty ({entries} entries); --contents-dir takes a new or empty \
@@ -123,7 +83,7 @@ impl OutDir {
             );
         }
         Ok(OutDir {
-            fd,
+            fd: dir,
             path: path.to_owned(),
         })
     }
@@ -131,34 +91,12 @@ impl OutDir {
     /// Creates the file `name` in the directory: `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600
     /// (nothing planted under that name is ever followed or reused).
     fn create(&self, name: &str) -> Result<std::fs::File> {
-        let c = CString::new(name)?;
-        // SAFETY: `self.fd` is an open directory, `c` a NUL-terminated name; the file is new
-        // (O_EXCL) and a symbolic link in its place is refused (O_NOFOLLOW).
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot create {}", self.path.join(name).display()));
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+        self.fd.create(name)
     }
 
     /// Removes the file `name` that [`Self::create`] made.
     fn remove(&self, name: &str) -> Result<()> {
-        let c = CString::new(name)?;
-        // SAFETY: `self.fd` is an open directory, `c` a NUL-terminated name.
-        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot remove {}", self.path.join(name).display()));
-        }
-        Ok(())
+        self.fd.remove(std::ffi::OsStr::new(name))
     }
 }
 

@@ -17,6 +17,7 @@ mod graph;
 mod hugealloc;
 mod moments;
 mod multi;
+mod outdir;
 mod parca;
 mod pprof;
 mod priority;
@@ -82,6 +83,18 @@ struct Entry {
     named: Vec<vmo_layout::NamedSnapshot>,
     error: Option<String>,
     liveness: Liveness,
+    /// Why the region is foreign ([`regions::trust`]): every command refuses it.
+    foreign: Option<String>,
+}
+
+impl Entry {
+    /// `list`'s STATUS: `foreign`, else its process's liveness.
+    fn status(&self) -> &'static str {
+        match self.foreign {
+            Some(_) => "foreign",
+            None => self.liveness.as_str(),
+        }
+    }
 }
 
 fn scan() -> Result<Vec<Entry>> {
@@ -92,17 +105,22 @@ fn scan() -> Result<Vec<Entry>> {
         let newer = regions::has_newer(&files, f);
         // A region truncated while its header is read shows zeros instead of killing us
         // (see `regions::truncation`): report it as unreadable.
-        type Read = (vmo_layout::RegionInfo, Vec<vmo_layout::NamedSnapshot>);
+        type Read = (
+            vmo_layout::RegionInfo,
+            Vec<vmo_layout::NamedSnapshot>,
+            Option<String>,
+        );
         let read = |o: regions::Opened| -> Result<Read> {
             let r = o.region()?;
             let (info, named) = (r.info(), r.named_snapshots());
+            let foreign = regions::trust(&o, &info, Some(f)).err();
             match o.truncated() {
                 Some(why) => bail!("{why}"),
-                None => Ok((info, named)),
+                None => Ok((info, named, foreign)),
             }
         };
         match regions::open(&f.path).and_then(read) {
-            Ok((info, named)) => {
+            Ok((info, named, foreign)) => {
                 let liveness = regions::liveness(&info, f, newer);
                 out.push(Entry {
                     file: f.clone(),
@@ -110,6 +128,7 @@ fn scan() -> Result<Vec<Entry>> {
                     named,
                     error: None,
                     liveness,
+                    foreign,
                 });
             }
             Err(e) => out.push(Entry {
@@ -118,6 +137,7 @@ fn scan() -> Result<Vec<Entry>> {
                 named: Vec::new(),
                 error: Some(format!("{e:#}")),
                 liveness: Liveness::Exited,
+                foreign: None,
             }),
         }
     }
@@ -135,7 +155,8 @@ fn list(a: ListArgs) -> Result<()> {
                     "command": regions::command_name(i),
                     "cmdline": i.cmdline,
                     "executable": i.exe_path,
-                    "status": e.liveness.as_str(),
+                    "status": e.status(),
+                    "foreign": e.foreign,
                     "live_bytes": i.counters.live_bytes,
                     "live_blocks": i.counters.live_blocks,
                     "allocations": i.counters.allocs,
@@ -177,13 +198,16 @@ fn list(a: ListArgs) -> Result<()> {
                 println!(
                     "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  {}",
                     e.file.pid,
-                    e.liveness.as_str(),
+                    e.status(),
                     i.counters.live_bytes,
                     i.counters.live_blocks,
                     i.counters.dropped_blocks,
                     i.version,
                     i.cmdline.join(" ")
                 );
+                if let Some(why) = &e.foreign {
+                    println!("{:>8}  {why}", "");
+                }
                 // Why recording stopped and start-up warnings, under the process's line.
                 for r in i.stop_reasons() {
                     println!("{:>8}  recording stopped: {r}", "");
@@ -351,39 +375,20 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
         return multi::snapshot(&p, sel);
     }
     let (path, file) = pick(&p.target)?;
-    let opened = regions::open(&path)?;
-    let info = opened.region()?.info();
-    let liveness = match &file {
-        Some(f) => {
-            let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
-            regions::liveness(&info, f, regions::has_newer(&files, f))
-        }
-        None => {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(regions::parse_name);
-            match name {
-                Some((pid, ticks, created_ns)) => {
-                    let f = RegionFile {
-                        path: path.clone(),
-                        pid,
-                        start_ticks: ticks,
-                        created_ns,
-                    };
-                    regions::liveness(&info, &f, false)
-                }
-                None => Liveness::Exited,
-            }
-        }
-    };
+    let regions::Usable {
+        opened,
+        info,
+        liveness,
+        ..
+    } = regions::open_usable(&path, file.as_ref())?;
     // Contents are read from the running process: refuse post-mortem, and a bad directory,
     // before any work.
     if p.contents.is_some() && liveness != Liveness::Alive {
         bail!(
-            "pid {} has exited: a post-mortem region records blocks but not their contents, so \
+            "pid {} {}: a post-mortem region records blocks but not their contents, so \
              --contents-dir and --with-strings need a running process",
-            info.pid
+            info.pid,
+            liveness.gone()
         );
     }
     let out_dir = (p.contents.as_ref())
@@ -526,8 +531,9 @@ fn snapshot(p: SnapshotProps) -> Result<()> {
 }
 
 /// Tests only: with `HEAPDUMP_TEST_CONTENTS_PAUSE=FILE`, creates FILE after the snapshot and
-/// waits (at most 60 s) until it is removed before reading the contents, so that a test can
-/// free blocks in between.
+/// waits (at most 60 s) until it is removed before reading the contents (`--contents-dir`,
+/// and the reference graph's scan), so that a test can free blocks, or end the target, in
+/// between.
 fn test_pause() {
     let Some(file) = std::env::var_os("HEAPDUMP_TEST_CONTENTS_PAUSE") else {
         return;
@@ -790,18 +796,18 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
         _ => unreachable!("clap requires a pid or a name here"),
     };
     let (path, file) = pick(&target)?;
-    let opened = regions::open(&path)?;
-    let info = opened.region()?.info();
-    let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
-    let liveness = match &file {
-        Some(f) => regions::liveness(&info, f, regions::has_newer(&files, f)),
-        None => Liveness::Exited,
-    };
+    let regions::Usable {
+        opened,
+        info,
+        liveness,
+        ..
+    } = regions::open_usable(&path, file.as_ref())?;
     if liveness != Liveness::Alive {
         bail!(
-            "pid {} has exited: a post-mortem region records blocks but not their contents, so \
+            "pid {} {}: a post-mortem region records blocks but not their contents, so \
              the reference graph can only be built for a running process",
-            info.pid
+            info.pid,
+            liveness.gone()
         );
     }
     // --stop: frozen from before the snapshot until the graph is built.
@@ -814,6 +820,7 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
     stage(&format!("snapshotting pid {}", info.pid));
     let timeout = std::time::Duration::from_secs_f64(lock_timeout.clamp(0.0, 1e9));
     let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
+    test_pause();
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }

@@ -164,12 +164,13 @@ pub fn one(
     with_blocks: bool,
     lock_timeout: std::time::Duration,
 ) -> Result<crate::snapshot::Collected> {
-    let opened = regions::open(&e.file.path)?;
-    let info = opened.region()?.info();
-    let files = regions::list_files(&regions::region_dir()).unwrap_or_default();
-    let liveness = regions::liveness(&info, &e.file, regions::has_newer(&files, &e.file));
-    if liveness != Liveness::Alive {
-        bail!("exited before its snapshot");
+    let regions::Usable {
+        opened, liveness, ..
+    } = regions::open_usable(&e.file.path, Some(&e.file))?;
+    match liveness {
+        Liveness::Alive => {}
+        Liveness::Zombie => bail!("became a zombie (exited, not reaped) before its snapshot"),
+        Liveness::Exited => bail!("exited before its snapshot"),
     }
     crate::snapshot::collect(&opened, liveness, with_blocks, lock_timeout)
 }

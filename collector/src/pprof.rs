@@ -534,9 +534,10 @@ pub fn add_comment(p: &mut pb::Profile, text: &str) {
 /// Writes `p` (and the per-block samples, if any) gzip-compressed to `path`; `-` means
 /// standard output.
 ///
-/// A file is written atomically and exclusively: the data goes to a fresh temporary file that
-/// `tempfile` creates with `O_EXCL` (so a planted symlink or file is never followed or
-/// reused) and mode 0600 in `path`'s directory, which is then renamed over `path`. The
+/// A file is written atomically and exclusively: the data goes to a fresh temporary file
+/// created with `O_EXCL | O_NOFOLLOW` (so a planted symlink or file is never followed or
+/// reused) and mode 0600 in `path`'s directory, opened once without following a link
+/// ([`crate::outdir::Dir`]), which is then renamed over `path`. The
 /// profile is therefore never world-readable (it holds the command line).
 ///
 /// Errors: `path` is a directory, its directory cannot be written, or an I/O error (the
@@ -606,8 +607,10 @@ pub fn write_bytes(bytes: &[u8], path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// Writes an output file safely: `-` is standard output; otherwise a temporary file created
-/// exclusively (no symlink followed), mode 0600, in the same directory, renamed into place
-/// when `encode` succeeded. A directory is refused with a clear message.
+/// exclusively (no symlink followed), mode 0600, in the same directory (opened with
+/// `O_DIRECTORY | O_NOFOLLOW`: a directory reached through a link in its last component is
+/// refused), renamed into place when `encode` succeeded. A directory is refused with a clear
+/// message.
 pub fn write_with(
     path: &std::path::Path,
     encode: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
@@ -646,17 +649,10 @@ pub fn write_with(
     let name = path
         .file_name()
         .with_context(|| format!("{}: not a file name", path.display()))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", name.to_string_lossy()))
-        .suffix(".tmp")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
-    encode(tmp.as_file_mut()).with_context(|| format!("cannot write {}", tmp.path().display()))?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(|| format!("cannot rename the profile to {}", path.display()))?;
-    Ok(())
+    // The directory opened once, not through a link (`crate::outdir`); the file created
+    // and renamed relative to it.
+    let dir = crate::outdir::Dir::open(dir, crate::outdir::Create::No)?;
+    dir.write_atomic(name, encode)
 }
 
 /// A profile of live blocks named by function only (no addresses or mappings): what a

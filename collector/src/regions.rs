@@ -163,6 +163,12 @@ pub struct Opened {
     writable: bool,
     /// The mapping's slot in [`truncation`] (SIGBUS recovery), if one was free.
     guard: Option<usize>,
+    /// The file's owner (uid) and mode, from `fstat` of the open file.
+    owner: u32,
+    mode: u32,
+    /// Its directory's owner and mode, from `fstat` of the directory it was opened in.
+    dir_owner: u32,
+    dir_mode: u32,
 }
 
 impl Opened {
@@ -314,16 +320,56 @@ pub mod truncation {
 /// Opens and maps a region file, refusing symlinks, non-regular files, files owned by someone
 /// else (unless we are root) and files others can read.
 ///
-/// The file is opened with `O_NOFOLLOW | O_NONBLOCK` and checked with `fstat` before anything
-/// reads it: a FIFO or device planted under a region's name is refused at once instead of
-/// blocking the open (or the first read) forever.
+/// The directory is opened first and the file relative to it (`openat`), both `fstat`ed: the
+/// owners and modes kept in [`Opened`] (for [`trust`]) are those of the objects actually read,
+/// not of whatever a path names a moment later. The file is opened with
+/// `O_NOFOLLOW | O_NONBLOCK` and checked before anything reads it: a FIFO or device planted
+/// under a region's name is refused at once instead of blocking the open (or the first read)
+/// forever.
 pub fn open(path: &Path) -> Result<Opened> {
-    let open = |write: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(write)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Some(name) = path.file_name() else {
+        bail!("{}: not a file name", path.display());
+    };
+    let cparent = CString::new(parent.as_os_str().as_encoded_bytes())
+        .with_context(|| format!("{}: a path with a NUL byte", path.display()))?;
+    let cname = CString::new(name.as_encoded_bytes())
+        .with_context(|| format!("{}: a path with a NUL byte", path.display()))?;
+    // SAFETY: a NUL-terminated path; O_PATH opens the directory without reading it.
+    let dfd = unsafe {
+        libc::open(
+            cparent.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dfd < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot open the directory {}", parent.display()));
+    }
+    // SAFETY: `dfd` was just opened and is owned by nothing else.
+    let dir = unsafe { OwnedFd::from_raw_fd(dfd) };
+    let dir_md =
+        fstat(dir.as_raw_fd()).with_context(|| format!("cannot stat {}", parent.display()))?;
+    let open = |write: bool| -> std::io::Result<File> {
+        let acc = if write { libc::O_RDWR } else { libc::O_RDONLY };
+        // SAFETY: `dir` is an open directory, `cname` a NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                cname.as_ptr(),
+                acc | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Ok(unsafe { File::from_raw_fd(fd) })
     };
     let (file, writable) = match open(true) {
         Ok(f) => (f, true),
@@ -392,6 +438,167 @@ pub fn open(path: &Path) -> Result<Opened> {
         map,
         writable,
         guard,
+        owner: md.uid(),
+        mode: md.mode(),
+        dir_owner: dir_md.st_uid,
+        dir_mode: dir_md.st_mode,
+    })
+}
+
+/// `fstat` of a descriptor.
+fn fstat(fd: libc::c_int) -> std::io::Result<libc::stat> {
+    // SAFETY: a zeroed stat is valid; fstat fills it for an open descriptor.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(st)
+    }
+}
+
+/// The real, effective and saved user ids of a running process (the `Uid:` line of
+/// `/proc/PID/status`), `None` when it is gone.
+pub fn proc_uids(pid: u32) -> Option<[u32; 3]> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let mut it = line.split_whitespace().map(|v| v.parse::<u32>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// `uid 1000 (alice)`: a uid with its name from `/etc/passwd` when it has one.
+pub fn user(uid: u32) -> String {
+    let name = std::fs::read_to_string("/etc/passwd").ok().and_then(|p| {
+        p.lines().find_map(|l| {
+            let mut f = l.split(':');
+            let (n, _, u) = (f.next()?, f.next()?, f.next()?);
+            (u.parse::<u32>().ok()? == uid).then(|| n.to_owned())
+        })
+    });
+    match name {
+        Some(n) => format!("uid {uid} ({n})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// The trust rule (README, "Security model"): the memory of process P is read only through a
+/// region that P's owner could have written. A region is *foreign* — refused by every
+/// command, shown as `foreign` by `list` — when the process it names runs now (its pid and
+/// start time) and
+///
+/// * its file name and header disagree on that identity (pid, start time), or
+/// * the region file is not owned by P's uid (P's real, effective and saved uids all equal to
+///   the file's owner; a root-owned region only for a process whose effective uid is root), or
+/// * its directory is not owned by that same uid, or is writable by group or others.
+///
+/// So a region planted by one user, in a directory of theirs or in the one root uses, never
+/// makes a root collector read another user's process. A region whose process is gone names
+/// no memory: it is never foreign (read post-mortem as it is).
+///
+/// Returns `Err(one line)` naming the file, its owner and the process when foreign. `f`: the
+/// region's file name, when it has one of the region's form.
+pub fn trust(o: &Opened, info: &RegionInfo, f: Option<&RegionFile>) -> Result<(), String> {
+    let refuse = |why: String| {
+        Err(format!(
+            "{}: foreign region ({why}); refusing to read pid {}'s memory through it \
+             (see README, Security model)",
+            o.path.display(),
+            info.pid
+        ))
+    };
+    if let Some(f) = f {
+        if (f.pid, f.start_ticks) != (info.pid, info.start_ticks) {
+            // Either identity may name a running process: check both.
+            let running = |pid, ticks| proc_start_ticks(pid) == Some(ticks);
+            if running(f.pid, f.start_ticks) || running(info.pid, info.start_ticks) {
+                return refuse(format!(
+                    "its name says pid {} started at {} but its header pid {} started at {}",
+                    f.pid, f.start_ticks, info.pid, info.start_ticks
+                ));
+            }
+        }
+    }
+    if proc_start_ticks(info.pid) != Some(info.start_ticks) {
+        return Ok(()); // gone: nothing of it is read but the region
+    }
+    let Some([ruid, euid, suid]) = proc_uids(info.pid) else {
+        return Ok(()); // gone meanwhile
+    };
+    let owner = o.owner;
+    if owner != euid || (owner != 0 && (ruid != owner || suid != owner)) {
+        return refuse(format!(
+            "owned by {}, but pid {} runs as {}",
+            user(owner),
+            info.pid,
+            user(euid)
+        ));
+    }
+    if o.dir_owner != owner {
+        return refuse(format!(
+            "owned by {}, in a directory owned by {}",
+            user(owner),
+            user(o.dir_owner)
+        ));
+    }
+    if o.dir_mode & 0o022 != 0 || o.mode & 0o022 != 0 {
+        return refuse(format!(
+            "owned by {}, but it or its directory is writable by other users",
+            user(owner)
+        ));
+    }
+    Ok(())
+}
+
+/// A region opened for a command: the file, its header, what became of its process.
+#[derive(Debug)]
+pub struct Usable {
+    /// The open region.
+    pub opened: Opened,
+    /// Its header.
+    pub info: RegionInfo,
+    /// What became of its process.
+    pub liveness: Liveness,
+}
+
+/// The one way every command opens the region it reads (`snapshot`, `leaks`, `retainers`,
+/// `top`, `graph`, `watch`, `--multi-process`): [`open`], the header, [`liveness`] and the
+/// trust rule ([`trust`]). `f`: the region as found in the region directory; `None` for
+/// `--region FILE`, whose name is then parsed (a file without a region's name is read
+/// post-mortem only).
+///
+/// Errors: the file cannot be opened or read as a region; it is foreign (one line naming
+/// its owner and the process).
+pub fn open_usable(path: &Path, f: Option<&RegionFile>) -> Result<Usable> {
+    let opened = open(path)?;
+    let info = opened.region()?.info();
+    let file = match f {
+        Some(f) => Some(f.clone()),
+        None => path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_name)
+            .map(|(pid, start_ticks, created_ns)| RegionFile {
+                path: path.to_owned(),
+                pid,
+                start_ticks,
+                created_ns,
+            }),
+    };
+    if let Err(line) = trust(&opened, &info, file.as_ref()) {
+        bail!("{line}");
+    }
+    let liveness = match (&file, f) {
+        (Some(rf), Some(_)) => {
+            let files = list_files(&region_dir()).unwrap_or_default();
+            liveness(&info, rf, has_newer(&files, rf))
+        }
+        (Some(rf), None) => liveness(&info, rf, false),
+        (None, _) => Liveness::Exited,
+    };
+    Ok(Usable {
+        opened,
+        info,
+        liveness,
     })
 }
 
@@ -437,16 +644,39 @@ pub enum Liveness {
     Alive,
     /// Gone (crashed, killed, exited without cleanup, or exec'd another image).
     Exited,
+    /// Exited but not yet reaped by its parent: its pid and `/proc` entry remain, its memory
+    /// is gone (read post-mortem, as an exited one).
+    Zombie,
 }
 
 impl Liveness {
-    /// `"alive"` or `"exited"`.
+    /// `"alive"`, `"exited"` or `"zombie"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Liveness::Alive => "alive",
             Liveness::Exited => "exited",
+            Liveness::Zombie => "zombie",
         }
     }
+
+    /// For "pid N ...": `"is running"`, `"has exited"`, `"is a zombie (exited, not reaped)"`.
+    pub fn gone(self) -> &'static str {
+        match self {
+            Liveness::Alive => "is running",
+            Liveness::Exited => "has exited",
+            Liveness::Zombie => "is a zombie (exited, not reaped)",
+        }
+    }
+}
+
+/// The state letter (field 3 of `/proc/PID/stat`: `R`, `S`, `Z`, ...) of a process.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
 }
 
 /// Start time (field 22 of `/proc/PID/stat`) of a running process.
@@ -463,6 +693,9 @@ pub fn liveness(info: &RegionInfo, f: &RegionFile, newer_same_process: bool) -> 
     }
     if proc_start_ticks(f.pid) != Some(f.start_ticks) {
         return Liveness::Exited;
+    }
+    if matches!(proc_state(f.pid), Some('Z' | 'X')) {
+        return Liveness::Zombie;
     }
     if let Ok(md) = std::fs::metadata(format!("/proc/{}/exe", f.pid)) {
         if md.dev() != info.exe_dev || md.ino() != info.exe_ino {

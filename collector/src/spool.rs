@@ -13,9 +13,12 @@
 //! (the caller, [`crate::push::Queue`], drops the oldest). One watch at a time uses a spool:
 //! `DIR/.spool/lock` is held with `flock` while it runs.
 
+use crate::outdir::Dir;
 use crate::push::Item;
 use anyhow::{bail, Context, Result};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The spool's directory inside `-o DIR`.
 pub const SPOOL_DIR: &str = ".spool";
@@ -60,8 +63,12 @@ pub struct RecordLabel {
 /// A profile in the spool.
 #[derive(Debug, Clone)]
 pub struct Stored {
-    /// Its file.
+    /// Its file (for messages).
     pub path: PathBuf,
+    /// The spool's directory, which holds it.
+    dir: Arc<Dir>,
+    /// Its name in `dir`.
+    name: String,
     /// The file's size, bytes.
     pub bytes: u64,
 }
@@ -69,7 +76,7 @@ pub struct Stored {
 /// An open spool (its lock held).
 #[derive(Debug)]
 pub struct Spool {
-    dir: PathBuf,
+    dir: Arc<Dir>,
     max_bytes: u64,
     next_seq: u64,
     _lock: std::fs::File,
@@ -84,66 +91,80 @@ fn seq_of(name: &str) -> Option<u64> {
 }
 
 impl Spool {
-    /// Opens the spool of `-o DIR` (creating `DIR/.spool`, mode 0700), bounded to
+    /// Opens the spool of `-o DIR` (`out`; creating `DIR/.spool`, mode 0700), bounded to
     /// `max_bytes`, and returns it with the profiles an earlier watch left there, oldest first.
     ///
-    /// Errors: `DIR/.spool` is not a directory (a symlink is refused) or cannot be created;
-    /// another watch holds its lock (it sends them); the lock file cannot be opened.
-    pub fn open(dir: &Path, max_bytes: u64) -> Result<(Spool, Vec<Stored>)> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    /// Only what this collector's own writer could have made is ever pushed (README,
+    /// "Security model"): `DIR/.spool` must be a directory (not a link) owned by the
+    /// collector's effective uid and writable by no one else; each file must be a regular
+    /// file named `NNNNNNNNNNNN.hdpush`, owned by that uid and not writable by group or
+    /// others. Any other file is skipped with one warning line each and left in place.
+    ///
+    /// Errors: `DIR/.spool` is not a directory (a symlink is refused), is another user's or
+    /// writable by others, or cannot be created; another watch holds its lock (it sends
+    /// them); the lock file cannot be opened.
+    pub fn open(out: &Dir, max_bytes: u64) -> Result<(Spool, Vec<Stored>)> {
         use std::os::unix::io::AsRawFd;
-        let dir = dir.join(SPOOL_DIR);
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => bail!(
-                "{} is not a directory (a symlink is not followed): remove it to spool there",
-                dir.display()
-            ),
-            Err(_) => std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?,
+        let dir = out.subdir(SPOOL_DIR, true)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let st = dir.stat()?;
+        if st.st_uid != me || st.st_mode & 0o022 != 0 {
+            bail!(
+                "{} is owned by uid {} with mode {:o}: not a spool of yours alone (another \
+                 user could plant profiles there for you to push); remove it",
+                dir.path().display(),
+                st.st_uid,
+                st.st_mode & 0o7777
+            );
         }
-        let lock_path = dir.join("lock");
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .with_context(|| format!("cannot open {}", lock_path.display()))?;
+        let lock = dir
+            .open_at(OsStr::new("lock"), libc::O_RDWR | libc::O_CREAT, 0o600)
+            .context("cannot open the spool's lock")?;
         // SAFETY: flock on a descriptor this function owns; it only takes an advisory lock.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             bail!(
                 "{} is in use by another heapdump watch (it sends what is spooled there)",
-                dir.display()
+                dir.path().display()
             );
         }
+        let dir = Arc::new(dir);
         let mut left: Vec<(u64, Stored)> = Vec::new();
-        for e in std::fs::read_dir(&dir)
-            .with_context(|| format!("cannot list {}", dir.display()))?
-            .flatten()
-        {
-            let Some(seq) = e.file_name().to_str().and_then(seq_of) else {
+        // New files are numbered past every spool name there, skipped ones included (never
+        // renamed over one).
+        let mut last_seq = 0;
+        for name in dir.names()? {
+            let Some(name) = name.to_str().map(str::to_owned) else {
                 continue;
             };
-            // Regular files only (file_type does not follow symlinks).
-            let Ok(m) = e.metadata() else { continue };
-            if !e.file_type().is_ok_and(|t| t.is_file()) {
+            let Some(seq) = seq_of(&name) else {
+                continue;
+            };
+            last_seq = last_seq.max(seq);
+            let Ok(Some(st)) = dir.stat_at(OsStr::new(&name)) else {
+                continue;
+            };
+            let path = dir.path().join(&name);
+            if let Err(why) = ours(&st, me) {
+                eprintln!(
+                    "heapdump: warning: {}: {why}: not written by this heapdump's spool, so \
+                     never pushed (left in place)",
+                    path.display()
+                );
                 continue;
             }
             left.push((
                 seq,
                 Stored {
-                    path: e.path(),
-                    bytes: m.len(),
+                    path,
+                    dir: dir.clone(),
+                    name,
+                    bytes: st.st_size as u64,
                 },
             ));
         }
         left.sort_by_key(|(s, _)| *s);
-        let next_seq = left.last().map_or(1, |(s, _)| s + 1);
+        let next_seq = last_seq + 1;
         let spool = Spool {
             dir,
             max_bytes,
@@ -155,7 +176,7 @@ impl Spool {
 
     /// The directory (`DIR/.spool`).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// The bound on the files' total size, bytes.
@@ -185,28 +206,43 @@ impl Spool {
     ///
     /// Errors: the file cannot be written (disk full, permissions).
     pub fn store(&mut self, bytes: &[u8]) -> Result<Stored> {
-        let path = self.dir.join(format!("{:012}.hdpush", self.next_seq));
+        let name = format!("{:012}.hdpush", self.next_seq);
         self.next_seq += 1;
-        crate::pprof::write_bytes(bytes, &path)?;
+        self.dir
+            .write_atomic(OsStr::new(&name), |w| w.write_all(bytes))?;
         Ok(Stored {
-            path,
+            path: self.dir.path().join(&name),
+            dir: self.dir.clone(),
+            name,
             bytes: bytes.len() as u64,
         })
     }
 
-    /// Reads a spooled profile back.
+    /// Reads a spooled profile back (through the spool's descriptor, without following a
+    /// link), checking again that it is this collector's own ([`Spool::open`]'s rule).
     ///
-    /// Errors: the file cannot be read (or is a symlink), is larger than 1 GiB, is not a
-    /// [`Record`], or is of another version.
+    /// Errors: the file cannot be read (or is a symlink), is not ours, is larger than 1 GiB,
+    /// is not a [`Record`], or is of another version.
     pub fn load(s: &Stored) -> Result<Item> {
         use prost::Message;
         use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&s.path)
-            .with_context(|| format!("cannot open {}", s.path.display()))?;
+        use std::os::unix::fs::MetadataExt;
+        let f = s
+            .dir
+            .open_at(OsStr::new(&s.name), libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+        let md = f
+            .metadata()
+            .with_context(|| format!("cannot stat {}", s.path.display()))?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !md.is_file() || md.uid() != me || md.mode() & 0o022 != 0 {
+            bail!(
+                "{}: not a regular file of yours alone (uid {}, mode {:o}): never pushed",
+                s.path.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            );
+        }
         let mut bytes = Vec::new();
         f.take(MAX_FILE + 1)
             .read_to_end(&mut bytes)
@@ -235,13 +271,26 @@ impl Spool {
     ///
     /// Errors: the file cannot be removed (it would be sent again by the next watch).
     pub fn remove(s: &Stored) -> Result<()> {
-        match std::fs::remove_file(&s.path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(e).with_context(|| format!("cannot remove {}", s.path.display()))
-            }
-            _ => Ok(()),
-        }
+        s.dir.remove(OsStr::new(&s.name))
     }
+}
+
+/// Whether a spool file (its `fstatat`) is one this collector (effective uid `me`) wrote: a
+/// regular file, owned by `me`, not writable by group or others. `Err`: why not.
+fn ours(st: &libc::stat, me: u32) -> Result<(), String> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("not a regular file".into());
+    }
+    if st.st_uid != me {
+        return Err(format!("owned by uid {}, not by you (uid {me})", st.st_uid));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "writable by other users (mode {:o})",
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -260,24 +309,20 @@ mod tests {
     #[test]
     fn a_second_spool_reads_what_the_first_left_in_order() {
         let d = tempfile::tempdir().unwrap();
+        let out = Dir::open(d.path(), crate::outdir::Create::No).unwrap();
         {
-            let (mut s, left) = Spool::open(d.path(), 1 << 20).unwrap();
+            let (mut s, left) = Spool::open(&out, 1 << 20).unwrap();
             assert!(left.is_empty());
             // Held: a second watch cannot use it meanwhile.
-            let e = Spool::open(d.path(), 1 << 20).unwrap_err();
+            let e = Spool::open(&out, 1 << 20).unwrap_err();
             assert!(e.to_string().contains("in use"), "{e}");
             for n in 1..=11 {
                 s.store(&Spool::encode(&item(n))).unwrap();
             }
-            let first = d.path().join(".spool/000000000001.hdpush");
-            Spool::remove(&Stored {
-                path: first,
-                bytes: 0,
-            })
-            .unwrap();
+            std::fs::remove_file(d.path().join(".spool/000000000001.hdpush")).unwrap();
         }
         std::fs::write(d.path().join(".spool/notes.txt"), b"x").unwrap();
-        let (mut s, left) = Spool::open(d.path(), 1 << 20).unwrap();
+        let (mut s, left) = Spool::open(&out, 1 << 20).unwrap();
         let got: Vec<Item> = left.iter().map(|l| Spool::load(l).unwrap()).collect();
         let ids: Vec<&str> = got.iter().map(|i| i.id.as_str()).collect();
         assert_eq!(
@@ -299,7 +344,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), d.path().join(SPOOL_DIR)).unwrap();
-        let e = Spool::open(d.path(), 1 << 20).unwrap_err();
-        assert!(e.to_string().contains("symlink"), "{e}");
+        let out = Dir::open(d.path(), crate::outdir::Create::No).unwrap();
+        let e = Spool::open(&out, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
     }
 }

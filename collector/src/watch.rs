@@ -14,9 +14,9 @@ use crate::regions::{self, Liveness};
 use crate::{multi, pprof, push, Entry};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a watch that ends (`--count`, or its `--by-pid` process exited) keeps trying to
 /// push what waits in memory (what waits in the spool is left there for the next watch).
@@ -75,13 +75,24 @@ struct Tally {
 /// `--by-pid` process is not instrumented; `--tree PID` names no process. Later failures (a
 /// snapshot, a file, a push) are reported on stderr in one line each and the watch goes on.
 pub fn watch(w: &WatchProps) -> Result<()> {
-    if let Some(dir) = &w.dir {
-        prepare_dir(dir)?;
-    }
+    let out = match &w.dir {
+        // Opened once, not through a link; every file is written relative to it.
+        Some(dir) => Some(
+            crate::outdir::Dir::open(dir, crate::outdir::Create::WithParents)
+                .with_context(|| format!("-o {}", dir.display()))?,
+        ),
+        None => None,
+    };
     match &w.target {
         WatchTarget::Pid(pid) => {
-            let alive = (crate::scan()?.iter())
-                .any(|e| e.file.pid == *pid && e.liveness == Liveness::Alive);
+            let entries = crate::scan()?;
+            let alive: Vec<&Entry> = (entries.iter())
+                .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
+                .collect();
+            if let Some(why) = alive.iter().find_map(|e| e.foreign.as_ref()) {
+                bail!("{why}");
+            }
+            let alive = !alive.is_empty();
             if !alive {
                 crate::pick(&crate::cli::Target::Pid(*pid))?;
                 bail!(
@@ -94,8 +105,11 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             multi::select(sel)?;
         }
     }
-    let client = w.push.as_ref().map(push::Client::new).transpose()?;
-    let mut queue = match (&w.dir, &client) {
+    let client = (w.push.as_ref())
+        .map(push::Client::new)
+        .transpose()?
+        .map(std::sync::Arc::new);
+    let queue = match (&out, &client) {
         (Some(dir), Some(_)) if w.spool_max_bytes > 0 => {
             match crate::spool::Spool::open(dir, w.spool_max_bytes) {
                 Ok((spool, left)) => {
@@ -118,13 +132,18 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         _ => push::Queue::default(),
     };
     install_signals();
+    // Pushing runs beside the snapshots: a slow server never delays a beat.
+    let pusher = match &client {
+        Some(c) => Some(push::Pusher::start(c.clone(), queue, stopped)?),
+        None => None,
+    };
     let mut followed: BTreeMap<u32, Followed> = BTreeMap::new();
     let mut tally = Tally::default();
     let every = w.every.as_nanos();
     let mut beat = next_beat(now_ns(), every);
     let mut ended = false;
     while !ended && !stopped() {
-        // Wait for the beat, pushing what waits meanwhile.
+        // Wait for the beat.
         loop {
             if stopped() {
                 break;
@@ -133,26 +152,18 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             if now >= beat {
                 break;
             }
-            if let Some(c) = &client {
-                if queue.due().is_some_and(|t| t <= Instant::now()) {
-                    queue.pump(c, &stopped);
-                    continue;
-                }
-            }
             let left = Duration::from_nanos((beat - now).min(u64::MAX as u128) as u64);
             std::thread::sleep(left.min(Duration::from_millis(50)));
         }
         if stopped() {
             break;
         }
-        ended = round(
-            w,
-            beat,
-            &mut followed,
-            &mut tally,
-            client.as_ref(),
-            &mut queue,
-        )?;
+        let sink = Sink {
+            dir: out.as_ref(),
+            client: client.as_deref(),
+            pusher: pusher.as_ref(),
+        };
+        ended = round(w, beat, &mut followed, &mut tally, &sink)?;
         tally.beats += 1;
         if w.count.is_some_and(|k| tally.beats >= k) {
             break;
@@ -170,25 +181,10 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         }
         beat = after;
     }
-    if let Some(c) = &client {
-        // What waits only in memory gets tries with the same backoff for at most DRAIN (none
-        // when asked to stop); what is in the spool waits there for the next watch.
-        let until = Instant::now() + DRAIN;
-        let in_memory = queue.len() > queue.spooled();
-        if in_memory && !stopped() {
-            queue.retry_now();
-        }
-        while let Some(due) = queue.due() {
-            if stopped() || due > until || queue.len() == queue.spooled() {
-                break;
-            }
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep((due - now).min(Duration::from_millis(50)));
-                continue;
-            }
-            queue.pump(c, &stopped);
-        }
+    // What waits only in memory gets tries with the same backoff for at most DRAIN (none
+    // when asked to stop); what is in the spool waits there for the next watch.
+    let queue = pusher.map(|p| p.finish(DRAIN, stopped));
+    if let Some(queue) = &queue {
         if queue.len() > 0 {
             let kept = match queue.spool_dir() {
                 Some(d) if queue.spooled() > 0 => format!(
@@ -205,8 +201,17 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             );
         }
     }
-    report(&tally, client.as_ref().map(|_| &queue));
+    report(&tally, queue.as_ref());
     Ok(())
+}
+
+/// Where a round's profiles go.
+struct Sink<'a> {
+    /// `-o DIR`, opened.
+    dir: Option<&'a crate::outdir::Dir>,
+    /// `--push`: the client (for the items' labels) and the thread that sends them.
+    client: Option<&'a push::Client>,
+    pusher: Option<&'a push::Pusher>,
 }
 
 /// One beat: a snapshot of each followed process. Returns whether the watch should end (the
@@ -216,8 +221,7 @@ fn round(
     beat: u128,
     followed: &mut BTreeMap<u32, Followed>,
     tally: &mut Tally,
-    client: Option<&push::Client>,
-    queue: &mut push::Queue,
+    sink: &Sink<'_>,
 ) -> Result<bool> {
     let entries: Vec<Entry> = match &w.target {
         WatchTarget::Pid(pid) => crate::scan()
@@ -304,13 +308,13 @@ fn round(
             },
         );
         let mut dest = Vec::new();
-        if let Some(dir) = &w.dir {
+        if let Some(dir) = sink.dir {
             let gz = pprof::encode_gz(&profile)?;
-            let path = dir.join(file_name(&name, e.file.pid, beat));
-            match pprof::write_bytes(&gz, &path) {
+            let fname = file_name(&name, e.file.pid, beat);
+            match dir.write_atomic(fname.as_os_str(), |o| o.write_all(&gz)) {
                 Ok(()) => {
                     tally.files += 1;
-                    dest.push(path.display().to_string());
+                    dest.push(dir.path().join(&fname).display().to_string());
                     if let Some(keep) = w.keep {
                         prune(dir, &name, e.file.pid, keep);
                     }
@@ -321,7 +325,7 @@ fn round(
                 }
             }
         }
-        if let Some(client) = client {
+        if let (Some(client), Some(pusher)) = (sink.client, sink.pusher) {
             // alloc_* as deltas since this process's previous push (pid and start time: a
             // reused pid is a new entry of `followed`).
             let f = followed.get_mut(&e.file.pid);
@@ -331,7 +335,7 @@ fn round(
                 f.pushed = Some(state);
             }
             match pprof::encode_gz(&pushed) {
-                Ok(gz) => queue.push(client.item(&name, e.file.pid, &gz)),
+                Ok(gz) => pusher.push(client.item(&name, e.file.pid, &gz)),
                 Err(err) => {
                     tally.failed += 1;
                     eprintln!("heapdump: pid {} ({name}): {err:#}", e.file.pid);
@@ -347,26 +351,7 @@ fn round(
             dest.join(", ")
         );
     }
-    if let Some(client) = client {
-        queue.pump(client, &stopped);
-    }
     Ok(false)
-}
-
-/// Creates `dir` (mode 0700, parents as needed) if it does not exist.
-///
-/// Errors: it exists and is not a directory, or cannot be created.
-fn prepare_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => bail!("-o {}: not a directory", dir.display()),
-        Err(_) => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("cannot create the directory {}", dir.display())),
-    }
 }
 
 /// Wall-clock time, ns since the Unix epoch.
@@ -414,14 +399,14 @@ fn file_name(name: &str, pid: u32, t: u128) -> PathBuf {
 
 /// Removes all but the newest `keep` files of process `pid` in `dir` (by the time in their
 /// names, which sorts as text). A file that cannot be removed is reported.
-fn prune(dir: &Path, name: &str, pid: u32, keep: u64) {
+fn prune(dir: &crate::outdir::Dir, name: &str, pid: u32, keep: u64) {
     let prefix = format!("{}-{pid}-", safe_name(name));
-    let Ok(rd) = std::fs::read_dir(dir) else {
+    let Ok(names) = dir.names() else {
         return;
     };
-    let mut mine: Vec<String> = rd
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
+    let mut mine: Vec<String> = names
+        .into_iter()
+        .filter_map(|e| e.into_string().ok())
         .filter(|n| {
             n.strip_prefix(&prefix)
                 .and_then(|r| r.strip_suffix(".pb.gz"))
@@ -436,8 +421,8 @@ fn prune(dir: &Path, name: &str, pid: u32, keep: u64) {
     mine.sort();
     let excess = mine.len().saturating_sub(keep as usize);
     for old in &mine[..excess] {
-        if let Err(e) = std::fs::remove_file(dir.join(old)) {
-            eprintln!("heapdump: cannot remove {}: {e}", dir.join(old).display());
+        if let Err(e) = dir.remove(std::ffi::OsStr::new(old)) {
+            eprintln!("heapdump: {e:#}");
         }
     }
 }
@@ -512,7 +497,8 @@ mod tests {
         }
         std::fs::write(d.path().join(file_name("a", 2, 1_600_000_000 * s)), b"").unwrap();
         std::fs::write(d.path().join("a-1-other.pb.gz"), b"").unwrap();
-        prune(d.path(), "a", 1, 2);
+        let dir = crate::outdir::Dir::open(d.path(), crate::outdir::Create::No).unwrap();
+        prune(&dir, "a", 1, 2);
         let mut left: Vec<String> = std::fs::read_dir(d.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

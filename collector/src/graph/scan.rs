@@ -108,6 +108,13 @@ impl Memory {
                 return Ok(m);
             }
         }
+        // A process that exited (or is a zombie: its memory is gone) is not a permission
+        // problem: ESRCH, or no running process of that pid now.
+        if err.raw_os_error() == Some(libc::ESRCH)
+            || matches!(crate::regions::proc_state(pid), None | Some('Z' | 'X'))
+        {
+            bail!("pid {pid} exited during the read ({err}): its memory is gone");
+        }
         let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
@@ -385,7 +392,7 @@ pub fn build(
     blocks.dedup_by_key(|b| b.address);
     // The list may have been collected in place into a larger allocation (the snapshot's).
     blocks.shrink_to_fit();
-    let maps = read_maps(pid)?;
+    let maps = read_maps(pid).with_context(|| format!("pid {pid} exited during the read"))?;
     let probe = maps
         .iter()
         .find(|m| m.read && m.write)

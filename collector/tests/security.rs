@@ -1,0 +1,593 @@
+//! The security model (README, "Security model"): regions another user planted, output
+//! directories reached through links, spool files planted in `-o DIR`, slow push servers, and
+//! messages about targets that exit or are zombies.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+/// The uid and gid a planted region belongs to: `nobody`.
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn mode(p: &Path, m: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// Root's region directory taken by `nobody` before root used it (as `/dev/shm/heapdump-0`
+/// created by another user), holding a copy of the region of a root process: every command
+/// run as root refuses it, in one line naming the owner, and writes nothing; `list` shows it
+/// as foreign. The same region in root's own directory is read as usual.
+#[test]
+fn a_region_planted_by_another_user_is_refused_by_every_command() {
+    let test = "a_region_planted_by_another_user_is_refused_by_every_command";
+    if !can_run(test) {
+        return;
+    }
+    if !is_root() {
+        println!("skipped: {test}: needs root (to give a region to another user with chown)");
+        return;
+    }
+    let own = region_dir("planted-own");
+    let r = hold_sized(&own, 10, 64);
+    let pid = r.pid();
+    let real = region_file(&own);
+    // A shared directory like /dev/shm (root's, sticky, writable by all): root's region
+    // directory in it is then `heapdump-0`, which `nobody` created first.
+    let shared = region_dir("planted-shared");
+    std::fs::create_dir(&shared).unwrap();
+    mode(&shared, 0o1777);
+    let planted = shared.join("heapdump-0");
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&planted, 0o700);
+    let forged = planted.join(real.file_name().unwrap());
+    std::fs::copy(&real, &forged).unwrap();
+    std::os::unix::fs::chown(&forged, Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&forged, 0o600);
+    // The same file in a directory of nobody's given with --region.
+    let theirs = region_dir("planted-theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&theirs, 0o700);
+    let loose = theirs.join("secrets.heapdump");
+    std::fs::copy(&real, &loose).unwrap();
+    std::os::unix::fs::chown(&loose, Some(NOBODY), Some(NOBODY)).unwrap();
+    mode(&loose, 0o600);
+
+    let out = region_dir("planted-out");
+    std::fs::create_dir(&out).unwrap();
+    let o = |n: &str| out.join(n).to_str().unwrap().to_owned();
+    let p = pid.to_string();
+    let commands: Vec<Vec<String>> = vec![
+        vec!["snapshot", "--by-pid", &p, "-o", &o("s.pb.gz")],
+        vec![
+            "snapshot",
+            "--by-pid",
+            &p,
+            "-o",
+            &o("c.pb.gz"),
+            "--contents-dir",
+            &o("contents"),
+            "--with-strings",
+        ],
+        vec![
+            "snapshot",
+            "--region",
+            forged.to_str().unwrap(),
+            "-o",
+            &o("r.pb.gz"),
+        ],
+        vec![
+            "snapshot",
+            "--region",
+            loose.to_str().unwrap(),
+            "-o",
+            &o("l.pb.gz"),
+        ],
+        vec!["snapshot", "--by-name", "hold_sized", "-o", &o("n.pb.gz")],
+        vec!["leaks", "--by-pid", &p],
+        vec!["retainers", "--by-pid", &p, "--function", "hold"],
+        vec!["top", "--retained", "--by-pid", &p],
+        vec!["graph", "--by-pid", &p, "-o", &o("g.svg")],
+        vec![
+            "watch",
+            "--by-pid",
+            &p,
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            &o("w"),
+        ],
+    ]
+    .into_iter()
+    .map(|v| v.into_iter().map(str::to_owned).collect())
+    .collect();
+    for args in &commands {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let t = heapdump_timeout(&shared, &args, std::time::Duration::from_secs(60));
+        assert!(!t.timed_out && t.code == Some(1), "{args:?}: {t:?}");
+        let lines: Vec<&str> = t.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line: {}", t.stderr);
+        assert!(
+            lines[0].contains("foreign region")
+                && lines[0].contains("owned by uid 65534")
+                && lines[0].contains(&format!("pid {pid} runs as uid 0")),
+            "{args:?}: {}",
+            t.stderr
+        );
+    }
+    // Several processes: the foreign one is skipped in one line, and nothing is left.
+    let t = heapdump_timeout(
+        &shared,
+        &["snapshot", "--multi-process", "-o", &o("m.pb.gz")],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(1), "{t:?}");
+    let skipped: Vec<&str> = (t.stderr.lines())
+        .filter(|l| l.contains("skipped") && l.contains("foreign region"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{}", t.stderr);
+    let t = heapdump_timeout(
+        &shared,
+        &[
+            "watch",
+            "--multi-process",
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            &o("wm"),
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(t.stderr.contains("foreign region"), "{t:?}");
+    // Nothing was written: no profile, no block contents.
+    let mut written: Vec<String> = walk(&out);
+    written.retain(|f| !f.ends_with("/w") && !f.ends_with("/wm"));
+    assert!(written.is_empty(), "written: {written:?}");
+    // `list` says so.
+    let (ok, stdout, _) = heapdump_cmd(&shared, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let e = (v.as_array().unwrap().iter())
+        .find(|e| e["pid"] == pid)
+        .expect("listed");
+    assert_eq!(e["status"], "foreign", "{e}");
+    assert!(e["foreign"].as_str().unwrap().contains("uid 65534"), "{e}");
+    let (ok, stdout, _) = heapdump_cmd(&shared, &["list"]);
+    assert!(ok);
+    let line = (stdout.lines())
+        .find(|l| l.split_whitespace().next() == Some(p.as_str()))
+        .unwrap();
+    assert_eq!(line.split_whitespace().nth(1), Some("foreign"), "{stdout}");
+    // The real region, in root's own directory, is read as usual.
+    let (ok, _, err) = heapdump_cmd(&own, &["snapshot", "--by-pid", &p, "-o", &o("ok.pb.gz")]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = heapdump_cmd(&own, &["list"]);
+    assert!(ok && !err.contains("foreign"), "{err}");
+    drop(r);
+}
+
+/// Every file under `dir` (paths as strings), directories included.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        out.push(e.path().display().to_string());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+/// A directory reached through a symbolic link, with or without a trailing slash, is never
+/// written to: `--contents-dir`, `watch -o`, and the directory of `-o FILE`.
+#[test]
+fn output_directories_reached_through_a_link_are_refused() {
+    let test = "output_directories_reached_through_a_link_are_refused";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("links");
+    let r = hold_sized(&dir, 10, 64);
+    let p = r.pid().to_string();
+    let base = region_dir("links-out");
+    let target = base.join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let link = base.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let l = link.to_str().unwrap().to_owned();
+    for l in [
+        l.clone(),
+        format!("{l}/"),
+        format!("{l}//"),
+        format!("{l}/."),
+    ] {
+        let runs: Vec<Vec<String>> = vec![
+            vec![
+                "snapshot",
+                "--by-pid",
+                &p,
+                "-o",
+                "/dev/null",
+                "--contents-dir",
+                &l,
+            ],
+            vec!["snapshot", "--by-pid", &p, "-o", &format!("{l}/x.pb.gz")],
+            vec![
+                "watch", "--by-pid", &p, "--every", "1s", "--count", "1", "-o", &l,
+            ],
+        ]
+        .into_iter()
+        .map(|v| v.into_iter().map(str::to_owned).collect())
+        .collect();
+        for args in &runs {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let t = heapdump_timeout(&dir, &args, std::time::Duration::from_secs(60));
+            assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+            assert!(t.stderr.contains("symbolic link"), "{args:?}: {}", t.stderr);
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+    assert!(left.is_empty(), "written through the link: {left:?}");
+    // The real directory is written to.
+    let t = target.to_str().unwrap();
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &p,
+            "-o",
+            "/dev/null",
+            "--contents-dir",
+            &format!("{t}/"),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 11);
+    drop(r);
+}
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 taking every request with 200 (keep-alive); each
+/// request's body is sent on the channel. `delay`: answer one byte a second instead (a slow
+/// server: the answer never completes in a push's time).
+fn http_server(slow: bool) -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let mut r = BufReader::new(c);
+                loop {
+                    let mut len = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = tx.send(body);
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                    if slow {
+                        for b in answer {
+                            if w.write_all(&[*b]).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(std::time::Duration::from_secs(1));
+                        }
+                    } else if w.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// A spooled profile (the spool's format: protobuf `Record`, field 1 version 1, field 2 a
+/// label, field 3 the profile, field 4 the id) whose label value is `marker`.
+fn record(marker: &str) -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+        out.push(tag << 3 | 2);
+        let mut n = bytes.len();
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut label = Vec::new();
+    field(&mut label, 1, b"service_name");
+    field(&mut label, 2, marker.as_bytes());
+    let mut out = vec![1 << 3, 1];
+    field(&mut out, 2, &label);
+    field(&mut out, 3, &[0x1f, 0x8b]);
+    field(&mut out, 4, marker.as_bytes());
+    out
+}
+
+/// Spool files that this collector's writer did not make — another user's, or writable by
+/// others — are skipped with a warning and never pushed; its own are.
+#[test]
+fn planted_spool_files_are_never_pushed() {
+    let test = "planted_spool_files_are_never_pushed";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("spool-planted");
+    let r = hold_sized(&dir, 10, 64);
+    let out = region_dir("spool-planted-out");
+    let spool = out.join(".spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    mode(&spool, 0o700);
+    let own = spool.join("000000000001.hdpush");
+    std::fs::write(&own, record("OWN-MARKER")).unwrap();
+    mode(&own, 0o600);
+    let open = spool.join("000000000002.hdpush");
+    std::fs::write(&open, record("WRITABLE-MARKER")).unwrap();
+    mode(&open, 0o666);
+    if is_root() {
+        let theirs = spool.join("000000000003.hdpush");
+        std::fs::write(&theirs, record("NOBODY-MARKER")).unwrap();
+        mode(&theirs, 0o600);
+        std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    } else {
+        println!("skipped: {test}: (part) a spool file of another user needs root to chown");
+    }
+    let (url, rx) = http_server(false);
+    let p = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &p,
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            "--push",
+            &url,
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let bodies: Vec<String> = rx
+        .try_iter()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), 2, "own spooled + the new one: {}", t.stderr);
+    assert!(bodies[0].contains("OWN-MARKER"));
+    assert!(!bodies
+        .iter()
+        .any(|b| b.contains("WRITABLE-MARKER") || b.contains("NOBODY-MARKER")));
+    let warned = |f: &str| {
+        t.stderr
+            .lines()
+            .any(|l| l.contains("warning") && l.contains(f) && l.contains("never pushed"))
+    };
+    assert!(warned("000000000002.hdpush"), "{}", t.stderr);
+    assert!(
+        !is_root() || warned("000000000003.hdpush") && t.stderr.contains("owned by uid 65534"),
+        "{}",
+        t.stderr
+    );
+    // Skipped, not removed.
+    let left: Vec<_> = std::fs::read_dir(&spool)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(open.exists() && !own.exists(), "{left:?}: {}", t.stderr);
+    drop(r);
+}
+
+/// A server that answers one byte a second does not stop `watch` from taking its snapshots:
+/// `--every 1s --count 4` writes 4 files, for 4 consecutive beats, none skipped.
+#[test]
+fn a_slow_push_server_never_delays_a_beat() {
+    let test = "a_slow_push_server_never_delays_a_beat";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("slow-push");
+    let r = hold_sized(&dir, 10, 64);
+    let out = region_dir("slow-push-out");
+    let (url, _rx) = http_server(true);
+    let p = r.pid().to_string();
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &p,
+            "--every",
+            "1s",
+            "--count",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+            "--push",
+            &url,
+            "--push-timeout",
+            "4s",
+        ],
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(
+        t.stderr.contains("4 beats (0 skipped), 4 files written"),
+        "{}",
+        t.stderr
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".pb.gz"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    // NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz: consecutive seconds.
+    let secs: Vec<u32> = names
+        .iter()
+        .map(|n| {
+            let s = &n[n.len() - 13..n.len() - 7];
+            let v: u32 = s.parse().unwrap();
+            (v / 10000) * 3600 + (v / 100 % 100) * 60 + v % 100
+        })
+        .collect();
+    for w in secs.windows(2) {
+        assert_eq!((w[1] + 86400 - w[0]) % 86400, 1, "{names:?}");
+    }
+    drop(r);
+}
+
+/// Waits until `pid` is a zombie (state `Z` in /proc/PID/stat).
+fn wait_zombie(pid: u32) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z') {
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "pid {pid} never became a zombie"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A zombie is listed as `zombie`, and `leaks` (and reading its contents) on it says so, not
+/// that ptrace is not allowed.
+#[test]
+fn exited_and_zombie_targets_are_named_as_such() {
+    let test = "exited_and_zombie_targets_are_named_as_such";
+    if !can_run(test) {
+        return;
+    }
+    // Killed but not reaped (the test is its parent and does not wait for it).
+    let dir = region_dir("zombie");
+    let r = hold_sized(&dir, 10, 64);
+    let pid = r.pid();
+    // SAFETY: killing the process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_zombie(pid);
+    let (ok, stdout, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v[0]["pid"], pid);
+    assert_eq!(v[0]["status"], "zombie", "{stdout}");
+    let (_, stdout, _) = heapdump_cmd(&dir, &["list"]);
+    assert!(
+        stdout.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq([pid.to_string().as_str(), "zombie"])),
+        "{stdout}"
+    );
+    let p = pid.to_string();
+    for args in [
+        vec!["leaks", "--by-pid", &p],
+        vec![
+            "snapshot",
+            "--by-pid",
+            &p,
+            "--with-strings",
+            "-o",
+            "/dev/null",
+        ],
+    ] {
+        let (ok, _, err) = heapdump_cmd(&dir, &args);
+        assert!(!ok);
+        assert!(
+            err.contains("zombie (exited, not reaped)") && !err.contains("ptrace"),
+            "{args:?}: {err}"
+        );
+    }
+    // The post-mortem profile is still there.
+    let (ok, _, err) = heapdump_cmd(&dir, &["snapshot", "--by-pid", &p, "-o", "/dev/null"]);
+    assert!(ok, "{err}");
+    drop(r);
+}
+
+/// A target that exits between the snapshot and the reading of its memory (the test pause),
+/// and stays a zombie: `leaks` and `--with-strings` say it exited during the read, not that
+/// ptrace is not allowed.
+#[test]
+fn a_target_exiting_during_the_read_is_named_as_such() {
+    let test = "a_target_exiting_during_the_read_is_named_as_such";
+    if !can_run(test) {
+        return;
+    }
+    for args in [
+        vec!["snapshot", "--with-strings", "-o", "/dev/null"],
+        vec!["leaks"],
+    ] {
+        let dir = region_dir("exits");
+        let r = hold_sized(&dir, 10, 64);
+        let pid = r.pid();
+        let pause = dir.with_extension("pause");
+        let mut cmd = Command::new(heapdump());
+        cmd.args(&args)
+            .args(["--by-pid", &pid.to_string()])
+            .env("HEAPDUMP_DIR", &dir)
+            .env("HEAPDUMP_TEST_CONTENTS_PAUSE", &pause)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        let t0 = std::time::Instant::now();
+        while !pause.exists() {
+            assert!(t0.elapsed().as_secs() < 30, "{args:?}: never paused");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: killing the process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_zombie(pid);
+        std::fs::remove_file(&pause).unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("pid {pid} exited during the read")) && !err.contains("ptrace"),
+            "{args:?}: {err}"
+        );
+        drop(r);
+    }
+}
