@@ -120,6 +120,67 @@ impl Memory {
         n.max(0) as usize
     }
 
+    /// Reads 16 bytes at each of `addrs` into `out` (as two native words), with one system
+    /// call per [`HEADER_BATCH`] addresses; `out` must be at least as long as `addrs`.
+    /// Returns per address whether it could be read.
+    pub fn read_many(&self, addrs: &[u64], out: &mut [[u64; 2]]) -> Vec<bool> {
+        let mut ok = vec![false; addrs.len()];
+        let mut from = 0usize;
+        while from < addrs.len() {
+            let to = if self.mem.is_none() {
+                (from + HEADER_BATCH).min(addrs.len())
+            } else {
+                from + 1
+            };
+            let n = if self.mem.is_none() {
+                let local: Vec<libc::iovec> = out[from..to]
+                    .iter_mut()
+                    .map(|o| libc::iovec {
+                        iov_base: o.as_mut_ptr() as *mut libc::c_void,
+                        iov_len: 16,
+                    })
+                    .collect();
+                let remote: Vec<libc::iovec> = addrs[from..to]
+                    .iter()
+                    .map(|&a| libc::iovec {
+                        iov_base: a as *mut libc::c_void,
+                        iov_len: 16,
+                    })
+                    .collect();
+                // SAFETY: every local iovec describes one 16-byte element of `out`, writable
+                // and alive for the call; the kernel checks the remote ranges in the target.
+                let got = unsafe {
+                    libc::process_vm_readv(
+                        self.pid as libc::pid_t,
+                        local.as_ptr(),
+                        local.len() as libc::c_ulong,
+                        remote.as_ptr(),
+                        remote.len() as libc::c_ulong,
+                        0,
+                    )
+                };
+                // Whole elements read before the first that failed.
+                (got.max(0) as usize / 16).min(to - from)
+            } else {
+                let mut b = [0u8; 16];
+                let n = usize::from(self.read(addrs[from], &mut b) == 16);
+                if n == 1 {
+                    out[from] = [
+                        u64::from_ne_bytes(b[..8].try_into().unwrap()),
+                        u64::from_ne_bytes(b[8..].try_into().unwrap()),
+                    ];
+                }
+                n
+            };
+            for o in &mut ok[from..from + n] {
+                *o = true;
+            }
+            // The element that failed, if any, is skipped.
+            from += n + usize::from(from + n < to);
+        }
+        ok
+    }
+
     /// Reads up to `buf.len()` bytes at `addr`; returns how many were read (a prefix).
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
         match &self.mem {
@@ -455,7 +516,7 @@ pub fn build(
 
     progress("scanning roots");
     let mut roots = find_roots(
-        pid, &maps, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
+        pid, &maps, &blocks, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
     );
     // With the threads stopped, their registers are roots too.
     if let Some(st) = stopped {
@@ -633,6 +694,143 @@ fn is_next_chunk_header(b: &Block, v: u64) -> bool {
     v == (b.address + chunk).wrapping_sub(16)
 }
 
+/// `[lo, hi)` minus the sorted, disjoint `ranges`: the pieces left, in order.
+fn subtract(lo: u64, hi: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = lo;
+    let first = ranges.partition_point(|r| r.1 <= lo);
+    for &(a, b) in &ranges[first..] {
+        if a >= hi {
+            break;
+        }
+        if a > at {
+            out.push((at, a));
+        }
+        at = at.max(b);
+    }
+    if at < hi {
+        out.push((at, hi));
+    }
+    out
+}
+
+/// Largest heap of a glibc thread arena (`HEAP_MAX_SIZE` on 64-bit: twice the largest mmap
+/// threshold, 2 × 32 MiB); heaps are aligned to it, so a chunk's heap starts at its address
+/// rounded down (glibc's `heap_for_ptr`).
+const ARENA_HEAP_MAX: u64 = 64 << 20;
+/// Chunk size field flags of glibc: the chunk was mmapped on its own; it belongs to a thread
+/// arena (not the main one, which lives in `[heap]`).
+const IS_MMAPPED: u64 = 2;
+const NON_MAIN_ARENA: u64 = 4;
+/// Headers read per `process_vm_readv`.
+const HEADER_BATCH: usize = 512;
+
+/// The memory malloc owns, outside `[heap]`: sorted, disjoint `[start, end)` ranges.
+///
+/// Found from the live blocks' glibc chunk headers (the 16 bytes before each block: the
+/// previous chunk's size or the mmap offset, then the chunk's size and flags), read in
+/// batches, one block per range found (the other blocks of that range are skipped):
+/// * `IS_MMAPPED`: the chunk's own mapping, `[chunk − prev_size, chunk + size)` — page
+///   aligned, inside the block's memory area, holding no other live block;
+/// * `NON_MAIN_ARENA`: the thread arena's heap at the block's address rounded down to 64 MiB,
+///   whose `heap_info` (`ar_ptr`, `prev`, `size`, `mprotect_size`) must hold together (sizes
+///   page multiples, `size ≤ mprotect_size ≤ 64 MiB`, the block inside `size`): up to 64 MiB
+///   or the end of the memory area.
+///
+/// Free chunks there hold stale pointers, and malloc's own state points at chunk headers: never
+/// roots. A block whose header fits neither (another allocator, CPython's pymalloc objects,
+/// a main arena outside `[heap]`) claims only its own bytes. The kernel merges neighbouring
+/// anonymous mappings with the same protection into one memory area, so a program's own
+/// mapping often shares one with a large chunk: that is why roots are address ranges, not
+/// whole areas.
+fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u64, u64)> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let mut out: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path == "[heap]")
+        .map(|m| (m.start, m.end))
+        .collect();
+    out.sort_unstable();
+    let area_of = |a: u64| {
+        maps.iter()
+            .find(|m| a >= m.start && a < m.end)
+            .map(|m| (m.start, m.end))
+    };
+    let covered = |out: &[(u64, u64)], a: u64| {
+        let k = out.partition_point(|r| r.0 <= a);
+        k > 0 && a < out[k - 1].1
+    };
+    let mut i = 0usize;
+    let mut batch: Vec<usize> = Vec::with_capacity(HEADER_BATCH);
+    let mut headers = vec![[0u64; 2]; HEADER_BATCH];
+    while i < blocks.len() {
+        batch.clear();
+        while i < blocks.len() && batch.len() < HEADER_BATCH {
+            let a = blocks[i].address;
+            if a >= 16 && !covered(&out, a) {
+                batch.push(i);
+            }
+            i += 1;
+        }
+        let addrs: Vec<u64> = batch.iter().map(|&k| blocks[k].address - 16).collect();
+        let ok = mem.read_many(&addrs, &mut headers[..batch.len()]);
+        for (n, &k) in batch.iter().enumerate() {
+            let b = &blocks[k];
+            if !ok[n] || covered(&out, b.address) {
+                continue;
+            }
+            let Some((area_lo, area_hi)) = area_of(b.address) else {
+                continue;
+            };
+            let [prev_size, size_word] = headers[n];
+            let (flags, csize) = (size_word & 7, size_word & !7);
+            let chunk = b.address - 16;
+            let found = if flags & (IS_MMAPPED | NON_MAIN_ARENA) == IS_MMAPPED {
+                chunk
+                    .checked_sub(prev_size)
+                    .zip(chunk.checked_add(csize))
+                    .filter(|&(lo, hi)| {
+                        lo % page == 0
+                            && hi % page == 0
+                            && csize >= b.size.saturating_add(16)
+                            && lo >= area_lo
+                            && hi <= area_hi
+                            && (k == 0 || block_end(&blocks[k - 1]) <= lo)
+                            && blocks.get(k + 1).map_or(true, |n| n.address >= hi)
+                    })
+            } else if flags & (IS_MMAPPED | NON_MAIN_ARENA) == NON_MAIN_ARENA {
+                let heap = b.address & !(ARENA_HEAP_MAX - 1);
+                let mut info = [[0u64; 2]; 2];
+                let read = heap >= area_lo && mem.read_many(&[heap, heap + 16], &mut info) == [true, true];
+                let [_, [size, mprotect_size]] = info;
+                (read
+                    && size % page == 0
+                    && mprotect_size % page == 0
+                    && size <= mprotect_size
+                    && mprotect_size <= ARENA_HEAP_MAX
+                    && block_end(b) <= heap + size)
+                    .then(|| (heap, (heap + ARENA_HEAP_MAX).min(area_hi)))
+            } else {
+                None
+            };
+            if let Some(r) = found {
+                let at = out.partition_point(|x| x.0 < r.0);
+                out.insert(at, r);
+            }
+        }
+    }
+    // Ranges found from different blocks never overlap in a sound process; merge if they do.
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(last) if r.0 <= last.1 => last.1 = last.1.max(r.1),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
 /// A thread of the target: id, name and stack pointer when known.
 #[derive(Debug)]
 struct Thread {
@@ -697,6 +895,7 @@ fn data_symbols(m: &Module) -> Vec<(u64, u64, String)> {
 fn find_roots(
     pid: u32,
     maps: &[Mapping],
+    live: &[Block],
     blocks: &[Block],
     lookup: &Lookup,
     mem: &Memory,
@@ -719,10 +918,9 @@ fn find_roots(
     // LeakSanitizer too starts at sp); a thread stopped anywhere may keep live data in its
     // 128-byte red zone.
     let red_zone = if stopped.is_some() { 128 } else { 0 };
-    let holds_block = |m: &Mapping| {
-        let i = blocks.partition_point(|b| b.address < m.start);
-        i < blocks.len() && blocks[i].address < m.end
-    };
+    // What malloc owns (its arenas, its mmapped chunks) is never a root; the rest of every
+    // writable mapping is, minus the live blocks themselves (their contents are edges).
+    let owned = allocator_ranges(maps, live, mem);
     let region = region.to_string_lossy();
     let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
     let mut roots: HashMap<(RootKind, String), Vec<u32>> = HashMap::new();
@@ -733,7 +931,7 @@ fn find_roots(
         if !m.write || !m.read || m.path.ends_with(".heapdump") || m.path == region {
             continue;
         }
-        if m.path == "[heap]" || m.path.starts_with("[v") || holds_block(m) {
+        if m.path == "[heap]" || m.path.starts_with("[v") {
             continue;
         }
         // Which module's globals these are: a file mapping of the module, or memory inside its
@@ -779,24 +977,36 @@ fn find_roots(
         // the live block before it, so those pointers would keep that block alive.
         let in_libc = kind == RootKind::Global
             && module.is_some_and(|mi| file_name(&modules[mi].path).starts_with("libc.so"));
-        let mut addr = from;
-        while addr < m.end {
-            let len = ((m.end - addr) as usize).min(buf.len());
-            let got = mem.read(addr, &mut buf[..len]);
-            if got == 0 {
-                break;
-            }
-            stats.root_bytes += got as u64;
-            for (w, word) in buf[..got & !7].chunks_exact(8).enumerate() {
-                let v = u64::from_ne_bytes(word.try_into().unwrap());
-                if let Some(b) = lookup.find(v) {
-                    if in_libc && is_next_chunk_header(&blocks[b as usize], v) {
+        for (lo, hi) in subtract(from, m.end, &owned) {
+            // Live blocks inside the range: skipped word by word (`j`: the first block that
+            // ends after the word being looked at).
+            let mut j = live.partition_point(|b| block_end(b) <= lo);
+            let mut addr = lo;
+            while addr < hi {
+                let len = ((hi - addr) as usize).min(buf.len());
+                let got = mem.read(addr, &mut buf[..len]);
+                if got == 0 {
+                    break;
+                }
+                for (w, word) in buf[..got & !7].chunks_exact(8).enumerate() {
+                    let at = addr + 8 * w as u64;
+                    while j < live.len() && block_end(&live[j]) <= at {
+                        j += 1;
+                    }
+                    if j < live.len() && live[j].address <= at {
                         continue;
                     }
-                    found.push((addr + 8 * w as u64, b));
+                    stats.root_bytes += 8;
+                    let v = u64::from_ne_bytes(word.try_into().unwrap());
+                    if let Some(b) = lookup.find(v) {
+                        if in_libc && is_next_chunk_header(&blocks[b as usize], v) {
+                            continue;
+                        }
+                        found.push((at, b));
+                    }
                 }
+                addr += got as u64;
             }
-            addr += got as u64;
         }
         // The end of the module's segments: a mapping the program made right after its .bss
         // can be merged into the same memory area by the kernel; words past the end are that
