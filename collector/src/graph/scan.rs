@@ -802,7 +802,8 @@ fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u6
             } else if flags & (IS_MMAPPED | NON_MAIN_ARENA) == NON_MAIN_ARENA {
                 let heap = b.address & !(ARENA_HEAP_MAX - 1);
                 let mut info = [[0u64; 2]; 2];
-                let read = heap >= area_lo && mem.read_many(&[heap, heap + 16], &mut info) == [true, true];
+                let read =
+                    heap >= area_lo && mem.read_many(&[heap, heap + 16], &mut info) == [true, true];
                 let [_, [size, mprotect_size]] = info;
                 (read
                     && size % page == 0
