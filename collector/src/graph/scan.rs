@@ -554,6 +554,72 @@ pub fn build(
     ))
 }
 
+/// What a second read of the target's memory found pointing into a set of blocks (the leak
+/// candidates of a first scan): see [`references_into`].
+#[derive(Debug, Clone, Default)]
+pub struct Referenced {
+    /// Per target: a root or a block of `readers` points into it.
+    pub from_outside: Vec<bool>,
+    /// Per target: the targets its contents point into now (sorted, no duplicates).
+    pub edges: Vec<Vec<u32>>,
+    /// Bytes of roots and blocks read.
+    pub bytes_read: u64,
+}
+
+/// Reads the roots (found again: `/proc/PID/maps`, thread stacks, minus what malloc owns and
+/// the `live` blocks, as [`build`] finds them), the contents of `readers` and of `targets`
+/// again, and reports which of `targets` are pointed to. All three lists are sorted by
+/// address; `readers` and `targets` are disjoint, `live` (for the root ranges) is every block
+/// live now.
+///
+/// Errors: as [`build`].
+pub fn references_into(
+    pid: u32,
+    live: &[Block],
+    readers: &[Block],
+    targets: &[Block],
+    modules: &[Module],
+    region: &Path,
+) -> Result<Referenced> {
+    let maps = read_maps(pid)?;
+    let probe = maps
+        .iter()
+        .find(|m| m.read && m.write)
+        .map(|m| m.start)
+        .unwrap_or(0);
+    let mem = Memory::open(pid, probe)?;
+    let lookup = Lookup::new(targets);
+    let mut stats = ScanStats::default();
+    let mut from_outside = vec![false; targets.len()];
+    let roots = find_roots(
+        pid, &maps, live, targets, &lookup, &mem, modules, region, None, &mut stats,
+    );
+    for r in &roots {
+        for &t in &r.targets {
+            from_outside[t as usize] = true;
+        }
+    }
+    let mut bytes_read = stats.root_bytes;
+    let (_, hits, st) = scan_blocks(readers, &lookup, &mem);
+    bytes_read += st.bytes_read;
+    for t in hits {
+        from_outside[t as usize] = true;
+    }
+    let (counts, hits, st) = scan_blocks(targets, &lookup, &mem);
+    bytes_read += st.bytes_read;
+    let mut edges = Vec::with_capacity(targets.len());
+    let mut at = 0usize;
+    for c in counts {
+        edges.push(hits[at..at + c as usize].to_vec());
+        at += c as usize;
+    }
+    Ok(Referenced {
+        from_outside,
+        edges,
+        bytes_read,
+    })
+}
+
 /// Contents scanned by one unit of work, bytes.
 const UNIT_BYTES: u64 = 1 << 20;
 
