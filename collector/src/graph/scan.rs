@@ -818,10 +818,11 @@ fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u6
         .map(|m| (m.start, m.end))
         .collect();
     out.sort_unstable();
+    // `/proc/PID/maps` lists memory areas in address order.
     let area_of = |a: u64| {
-        maps.iter()
-            .find(|m| a >= m.start && a < m.end)
-            .map(|m| (m.start, m.end))
+        let k = maps.partition_point(|m| m.start <= a).checked_sub(1)?;
+        let m = &maps[k];
+        (a < m.end).then_some((m.start, m.end))
     };
     let covered = |out: &[(u64, u64)], a: u64| {
         let k = out.partition_point(|r| r.0 <= a);
@@ -863,7 +864,7 @@ fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u6
                             && lo >= area_lo
                             && hi <= area_hi
                             && (k == 0 || block_end(&blocks[k - 1]) <= lo)
-                            && blocks.get(k + 1).map_or(true, |n| n.address >= hi)
+                            && blocks.get(k + 1).is_none_or(|n| n.address >= hi)
                     })
             } else if flags & (IS_MMAPPED | NON_MAIN_ARENA) == NON_MAIN_ARENA {
                 let heap = b.address & !(ARENA_HEAP_MAX - 1);
@@ -1156,6 +1157,72 @@ mod tests {
         let m = parse_maps_line("55d0-55e0 rw-p 00002000 fe:00 123   /usr/lib/with space/libx.so")
             .unwrap();
         assert_eq!(m.path, "/usr/lib/with space/libx.so");
+    }
+
+    #[test]
+    fn subtract_ranges() {
+        let r = [(10, 20), (30, 40), (45, 50)];
+        assert_eq!(
+            subtract(0, 100, &r),
+            vec![(0, 10), (20, 30), (40, 45), (50, 100)]
+        );
+        assert_eq!(subtract(15, 35, &r), vec![(20, 30)]);
+        assert_eq!(subtract(12, 18, &r), vec![]);
+        assert_eq!(subtract(40, 45, &r), vec![(40, 45)]);
+        assert_eq!(subtract(0, 5, &[]), vec![(0, 5)]);
+    }
+
+    /// glibc's own chunks in this process: a 1 MiB block (an mmapped chunk: its mapping), a
+    /// small block of another thread (a thread arena: its 64 MiB-aligned heap), and a block
+    /// of the program's own mapping (no glibc header: nothing but itself).
+    #[test]
+    fn allocator_ranges_of_glibc_chunks_in_this_process() {
+        let b = |address, size| Block {
+            address,
+            size,
+            stack: 0,
+            thread: 0,
+        };
+        // SAFETY: plain malloc/free of glibc (the test binary's allocator is glibc's too);
+        // the blocks are freed at the end and never dereferenced here.
+        let big = unsafe { libc::malloc(1 << 20) } as u64;
+        let small = std::thread::spawn(|| unsafe { libc::malloc(100) } as u64)
+            .join()
+            .unwrap();
+        // SAFETY: an anonymous mapping of 2 pages, unmapped at the end.
+        let own = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as u64;
+        let pid = std::process::id();
+        let maps = read_maps(pid).unwrap();
+        let mem = Memory::open(pid, own).unwrap();
+        let mut blocks = vec![b(big, 1 << 20), b(small, 100), b(own + 4096, 64)];
+        blocks.sort_by_key(|x| x.address);
+        let ranges = allocator_ranges(&maps, &blocks, &mem);
+        let holding = |a: u64| ranges.iter().find(|r| a >= r.0 && a < r.1).copied();
+        let chunk = big - 16;
+        let r = holding(big).expect("the mmapped chunk");
+        assert_eq!(r.0, chunk, "{ranges:x?}");
+        assert!(
+            r.1 >= chunk + (1 << 20) + 16 && r.1 % 4096 == 0,
+            "{ranges:x?}"
+        );
+        let r = holding(small).expect("the thread arena");
+        assert_eq!(r.0, small & !(ARENA_HEAP_MAX - 1), "{ranges:x?}");
+        assert_eq!(holding(own + 4096), None, "{ranges:x?}");
+        // SAFETY: the blocks and the mapping made above, not used any more.
+        unsafe {
+            libc::free(big as *mut libc::c_void);
+            libc::free(small as *mut libc::c_void);
+            libc::munmap(own as *mut libc::c_void, 8192);
+        }
     }
 
     #[test]
