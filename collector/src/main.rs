@@ -936,15 +936,31 @@ fn leaks(a: LeaksArgs) -> Result<()> {
                     })
                     .collect())
             };
-            Some(graph::recheck::recheck(
+            // A target that exits meanwhile cannot be read again: the first read's findings
+            // are reported, with a warning (`recheck` changes `status` only when it succeeds).
+            let mut checked = status.clone();
+            match graph::recheck::recheck(
                 c.info.pid,
                 &an.g,
-                &mut status,
+                &mut checked,
                 &rc.births,
                 &mut snap,
                 &c.modules,
                 &rc.path,
-            )?)
+            ) {
+                Ok(r) => {
+                    status = checked;
+                    Some(r)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "heapdump: warning: the leak candidates could not be checked again \
+                         ({e:#}); reported as the first read found them (a busy program may \
+                         show false leaks: run again, or use --stop)"
+                    );
+                    None
+                }
+            }
         }
         _ => None,
     };

@@ -600,10 +600,35 @@ pub fn references_into(
         }
     }
     let mut bytes_read = stats.root_bytes;
-    let (_, hits, st) = scan_blocks(readers, &lookup, &mem);
-    bytes_read += st.bytes_read;
-    for t in hits {
-        from_outside[t as usize] = true;
+    // The readers in contiguous shares, one thread per core.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16);
+    let share = readers.len().div_ceil(workers).max(1);
+    let found: Vec<(Vec<u32>, u64)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = readers
+            .chunks(share)
+            .map(|part| {
+                let (lookup, mem) = (&lookup, &mem);
+                sc.spawn(move || {
+                    let (_, mut hits, st) = scan_blocks(part, lookup, mem);
+                    hits.sort_unstable();
+                    hits.dedup();
+                    (hits, st.bytes_read)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (hits, bytes) in found {
+        bytes_read += bytes;
+        for t in hits {
+            from_outside[t as usize] = true;
+        }
     }
     let (counts, hits, st) = scan_blocks(targets, &lookup, &mem);
     bytes_read += st.bytes_read;
