@@ -73,7 +73,7 @@ pub fn before_exec() -> ExecGuard {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: `fds` has room for two descriptors.
     let piped = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0;
-    if piped && spawn_helper(fds[0], aside) {
+    if piped && spawn_helper(fds[0], fds[1], aside) {
         // SAFETY: our copy of the read end; the helper has its own.
         unsafe { libc::close(fds[0]) };
         guard.active = true;
@@ -134,9 +134,9 @@ fn clone_quiet() -> libc::pid_t {
     }
 }
 
-/// Starts the grandchild that waits on `read_end` and unlinks `aside` at end-of-file; true
-/// when it runs.
-fn spawn_helper(read_end: libc::c_int, aside: *const libc::c_char) -> bool {
+/// Starts the grandchild that waits on `read_end` (closing its copy of `write_end`) and unlinks
+/// `aside` at end-of-file; true when it runs.
+fn spawn_helper(read_end: libc::c_int, write_end: libc::c_int, aside: *const libc::c_char) -> bool {
     let child = clone_quiet();
     if child < 0 {
         return false;
@@ -146,7 +146,7 @@ fn spawn_helper(read_end: libc::c_int, aside: *const libc::c_char) -> bool {
         let helper = clone_quiet();
         if helper == 0 {
             // SAFETY: only system calls on our own descriptors and the NUL-terminated path.
-            unsafe { helper_main(read_end, aside) };
+            unsafe { helper_main(read_end, write_end, aside) };
         }
         loop {
             // SAFETY: exit ends this (single-threaded) child.
@@ -168,13 +168,18 @@ fn spawn_helper(read_end: libc::c_int, aside: *const libc::c_char) -> bool {
     libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
 }
 
-/// The helper: every signal blocked, every descriptor but `read_end` closed; waits for
-/// end-of-file (the exec succeeded, or the process is gone) and unlinks `aside`, or for a byte
-/// (the exec failed) and leaves it. Never returns.
+/// The helper: every signal blocked, its copy of `write_end` closed (else it would never see
+/// end-of-file) and, where `close_range` exists (Linux 5.9), every other descriptor but
+/// `read_end`; waits for end-of-file (the exec succeeded, or the process is gone) and unlinks
+/// `aside`, or for a byte (the exec failed) and leaves it. Never returns.
 ///
 /// # Safety
 /// Runs in a fresh child of a possibly multithreaded process: system calls only.
-unsafe fn helper_main(read_end: libc::c_int, aside: *const libc::c_char) -> ! {
+unsafe fn helper_main(
+    read_end: libc::c_int,
+    write_end: libc::c_int,
+    aside: *const libc::c_char,
+) -> ! {
     // SAFETY: a full signal set, then system calls on this process's own state.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -186,6 +191,7 @@ unsafe fn helper_main(read_end: libc::c_int, aside: *const libc::c_char) -> ! {
             std::ptr::null_mut::<libc::sigset_t>(),
             8usize,
         );
+        libc::close(write_end);
         if read_end > 0 {
             libc::syscall(libc::SYS_close_range, 0u32, (read_end - 1) as u32, 0u32);
         }
