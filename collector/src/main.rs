@@ -689,6 +689,18 @@ struct Captured {
     c: snapshot::Collected,
     g: graph::Graph,
     stats: graph::scan::ScanStats,
+    /// What a re-check of the leak candidates needs (absent with `--stop`: exact already).
+    recheck: Option<RecheckInput>,
+}
+
+/// The region of a running process, open, and the birth time of each graph block: what
+/// `leaks` needs to re-check its candidates ([`graph::recheck`]).
+struct RecheckInput {
+    opened: regions::Opened,
+    path: PathBuf,
+    lock_timeout: std::time::Duration,
+    /// Birth time (region clock, ns) of each block of the graph, in its order.
+    births: Vec<u64>,
 }
 
 /// A reference graph to analyse: from a running process, or from a capture file.
@@ -698,6 +710,8 @@ struct Analysis {
     g: graph::Graph,
     /// How the scan went (absent for a capture file).
     stats: Option<graph::scan::ScanStats>,
+    /// For re-checking leak candidates (a running process read without `--stop`).
+    recheck: Option<RecheckInput>,
     /// Function names of every stack id of the graph, innermost first.
     stacks: std::collections::HashMap<u32, Vec<String>>,
     header: graph::capture::CaptureHeader,
@@ -752,11 +766,17 @@ fn analysis(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Analysis> {
             c: None,
             g: cap.graph,
             stats: None,
+            recheck: None,
             stacks: cap.stacks,
             header: cap.header,
         });
     }
-    let Captured { c, g, stats } = capture(t, stage)?;
+    let Captured {
+        c,
+        g,
+        stats,
+        recheck,
+    } = capture(t, stage)?;
     // Stacks are symbolized on demand (`Analysis::name_stacks`): `leaks` needs only the leaked
     // blocks' ones.
     let stacks = Default::default();
@@ -782,6 +802,7 @@ fn analysis(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Analysis> {
         c: Some(c),
         g,
         stats: Some(stats),
+        recheck,
         stacks,
         header,
     })
@@ -824,6 +845,18 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
+    // Birth times, by address, for the re-check of leak candidates.
+    let mut births: Vec<(u64, u64)> = if stop {
+        Vec::new()
+    } else {
+        c.blocks
+            .iter()
+            .flatten()
+            .map(|b| (b.address, b.t_alloc))
+            .collect()
+    };
+    births.sort_unstable();
+    births.dedup_by_key(|b| b.0);
     let blocks: Vec<graph::Block> = c
         .blocks
         .take()
@@ -849,7 +882,31 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
             seconds * 1e3
         );
     }
-    Ok(Captured { c, g, stats })
+    let recheck = (!stop).then(|| {
+        let births = g
+            .blocks
+            .iter()
+            .map(|b| {
+                let k = births.partition_point(|x| x.0 < b.address);
+                births
+                    .get(k)
+                    .filter(|x| x.0 == b.address)
+                    .map_or(0, |x| x.1)
+            })
+            .collect();
+        RecheckInput {
+            opened,
+            path: path.clone(),
+            lock_timeout: timeout,
+            births,
+        }
+    });
+    Ok(Captured {
+        c,
+        g,
+        stats,
+        recheck,
+    })
 }
 
 /// Stage messages on stderr when it is a terminal.
@@ -872,7 +929,55 @@ fn leaks(a: LeaksArgs) -> Result<()> {
     let stage = stages();
     let mut an = analysis(&a.target, &stage)?;
     stage("finding what is reachable");
-    let status = graph::leaks::classify(&an.g);
+    let mut status = graph::leaks::classify(&an.g);
+    // Read without --stop: the candidates are checked again before they are reported.
+    let rechecked = match (&an.recheck, &an.c) {
+        (Some(rc), Some(c)) => {
+            stage("re-checking the leak candidates");
+            let mut snap = || -> Result<Vec<graph::recheck::Born>> {
+                let s = snapshot::collect(&rc.opened, Liveness::Alive, true, rc.lock_timeout)?;
+                Ok(s.blocks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|b| graph::recheck::Born {
+                        block: graph::Block {
+                            address: b.address,
+                            size: b.size,
+                            stack: b.stack,
+                            thread: b.thread,
+                        },
+                        t_alloc: b.t_alloc,
+                    })
+                    .collect())
+            };
+            // A target that exits meanwhile cannot be read again: the first read's findings
+            // are reported, with a warning (`recheck` changes `status` only when it succeeds).
+            let mut checked = status.clone();
+            match graph::recheck::recheck(
+                c.info.pid,
+                &an.g,
+                &mut checked,
+                &rc.births,
+                &mut snap,
+                &c.modules,
+                &rc.path,
+            ) {
+                Ok(r) => {
+                    status = checked;
+                    Some(r)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "heapdump: warning: the leak candidates could not be checked again \
+                         ({e:#}); reported as the first read found them (a busy program may \
+                         show false leaks: run again, or use --stop)"
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let leaked: Vec<u32> =
         an.g.blocks
             .iter()
@@ -947,18 +1052,26 @@ fn leaks(a: LeaksArgs) -> Result<()> {
                 .sum::<u64>()
         };
         let scan = match &an.stats {
-            Some(st) => format!(
-                "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
-                st.bytes_read,
-                st.root_bytes,
-                g.roots.len(),
-                st.seconds,
-                if st.vanished > 0 {
-                    format!("; {} blocks freed meanwhile could not be read", st.vanished)
-                } else {
-                    String::new()
+            Some(st) => {
+                format!(
+                    "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+                    st.bytes_read,
+                    st.root_bytes,
+                    g.roots.len(),
+                    st.seconds,
+                    if st.vanished > 0 {
+                        format!("; {} blocks freed meanwhile could not be read", st.vanished)
+                    } else {
+                        String::new()
+                    },
+                ) + &match &rechecked {
+                    Some(r) if r.candidates > 0 => format!(
+                        "; re-checked {} candidates in {:.2} s: {} referenced, {} freed since",
+                        r.candidates, r.seconds, r.referenced, r.freed
+                    ),
+                    _ => String::new(),
                 }
-            ),
+            }
             None => format!("; from a capture of {}", an.describe()),
         };
         println!(

@@ -22,6 +22,7 @@
 mod deferred;
 #[cfg(target_arch = "x86_64")]
 pub mod dwarf;
+pub mod exec;
 mod fork;
 pub mod global_alloc;
 pub mod hooks;

@@ -16,6 +16,7 @@ pub mod dominators;
 pub mod heapsnapshot;
 pub mod leaks;
 pub mod paths;
+pub mod recheck;
 pub mod scan;
 pub mod stop;
 

@@ -146,6 +146,67 @@ impl Memory {
         n.max(0) as usize
     }
 
+    /// Reads 16 bytes at each of `addrs` into `out` (as two native words), with one system
+    /// call per [`HEADER_BATCH`] addresses; `out` must be at least as long as `addrs`.
+    /// Returns per address whether it could be read.
+    pub fn read_many(&self, addrs: &[u64], out: &mut [[u64; 2]]) -> Vec<bool> {
+        let mut ok = vec![false; addrs.len()];
+        let mut from = 0usize;
+        while from < addrs.len() {
+            let to = if self.mem.is_none() {
+                (from + HEADER_BATCH).min(addrs.len())
+            } else {
+                from + 1
+            };
+            let n = if self.mem.is_none() {
+                let local: Vec<libc::iovec> = out[from..to]
+                    .iter_mut()
+                    .map(|o| libc::iovec {
+                        iov_base: o.as_mut_ptr() as *mut libc::c_void,
+                        iov_len: 16,
+                    })
+                    .collect();
+                let remote: Vec<libc::iovec> = addrs[from..to]
+                    .iter()
+                    .map(|&a| libc::iovec {
+                        iov_base: a as *mut libc::c_void,
+                        iov_len: 16,
+                    })
+                    .collect();
+                // SAFETY: every local iovec describes one 16-byte element of `out`, writable
+                // and alive for the call; the kernel checks the remote ranges in the target.
+                let got = unsafe {
+                    libc::process_vm_readv(
+                        self.pid as libc::pid_t,
+                        local.as_ptr(),
+                        local.len() as libc::c_ulong,
+                        remote.as_ptr(),
+                        remote.len() as libc::c_ulong,
+                        0,
+                    )
+                };
+                // Whole elements read before the first that failed.
+                (got.max(0) as usize / 16).min(to - from)
+            } else {
+                let mut b = [0u8; 16];
+                let n = usize::from(self.read(addrs[from], &mut b) == 16);
+                if n == 1 {
+                    out[from] = [
+                        u64::from_ne_bytes(b[..8].try_into().unwrap()),
+                        u64::from_ne_bytes(b[8..].try_into().unwrap()),
+                    ];
+                }
+                n
+            };
+            for o in &mut ok[from..from + n] {
+                *o = true;
+            }
+            // The element that failed, if any, is skipped.
+            from += n + usize::from(from + n < to);
+        }
+        ok
+    }
+
     /// Reads up to `buf.len()` bytes at `addr`; returns how many were read (a prefix).
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
         match &self.mem {
@@ -490,7 +551,7 @@ pub fn build(
 
     progress("scanning roots");
     let mut roots = find_roots(
-        pid, &maps, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
+        pid, &maps, &blocks, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
     );
     // With the threads stopped, their registers are roots too.
     if let Some(st) = stopped {
@@ -526,6 +587,97 @@ pub fn build(
         },
         stats,
     ))
+}
+
+/// What a second read of the target's memory found pointing into a set of blocks (the leak
+/// candidates of a first scan): see [`references_into`].
+#[derive(Debug, Clone, Default)]
+pub struct Referenced {
+    /// Per target: a root or a block of `readers` points into it.
+    pub from_outside: Vec<bool>,
+    /// Per target: the targets its contents point into now (sorted, no duplicates).
+    pub edges: Vec<Vec<u32>>,
+    /// Bytes of roots and blocks read.
+    pub bytes_read: u64,
+}
+
+/// Reads the roots (found again: `/proc/PID/maps`, thread stacks, minus what malloc owns and
+/// the `live` blocks, as [`build`] finds them), the contents of `readers` and of `targets`
+/// again, and reports which of `targets` are pointed to. All three lists are sorted by
+/// address; `readers` and `targets` are disjoint, `live` (for the root ranges) is every block
+/// live now.
+///
+/// Errors: as [`build`].
+pub fn references_into(
+    pid: u32,
+    live: &[Block],
+    readers: &[Block],
+    targets: &[Block],
+    modules: &[Module],
+    region: &Path,
+) -> Result<Referenced> {
+    let maps = read_maps(pid)?;
+    let probe = maps
+        .iter()
+        .find(|m| m.read && m.write)
+        .map(|m| m.start)
+        .unwrap_or(0);
+    let mem = Memory::open(pid, probe)?;
+    let lookup = Lookup::new(targets);
+    let mut stats = ScanStats::default();
+    let mut from_outside = vec![false; targets.len()];
+    let roots = find_roots(
+        pid, &maps, live, targets, &lookup, &mem, modules, region, None, &mut stats,
+    );
+    for r in &roots {
+        for &t in &r.targets {
+            from_outside[t as usize] = true;
+        }
+    }
+    let mut bytes_read = stats.root_bytes;
+    // The readers in contiguous shares, one thread per core.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16);
+    let share = readers.len().div_ceil(workers).max(1);
+    let found: Vec<(Vec<u32>, u64)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = readers
+            .chunks(share)
+            .map(|part| {
+                let (lookup, mem) = (&lookup, &mem);
+                sc.spawn(move || {
+                    let (_, mut hits, st) = scan_blocks(part, lookup, mem);
+                    hits.sort_unstable();
+                    hits.dedup();
+                    (hits, st.bytes_read)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (hits, bytes) in found {
+        bytes_read += bytes;
+        for t in hits {
+            from_outside[t as usize] = true;
+        }
+    }
+    let (counts, hits, st) = scan_blocks(targets, &lookup, &mem);
+    bytes_read += st.bytes_read;
+    let mut edges = Vec::with_capacity(targets.len());
+    let mut at = 0usize;
+    for c in counts {
+        edges.push(hits[at..at + c as usize].to_vec());
+        at += c as usize;
+    }
+    Ok(Referenced {
+        from_outside,
+        edges,
+        bytes_read,
+    })
 }
 
 /// Contents scanned by one unit of work, bytes.
@@ -683,6 +835,145 @@ fn is_next_chunk_header(b: &Block, v: u64) -> bool {
     v == (b.address + chunk).wrapping_sub(16)
 }
 
+/// `[lo, hi)` minus the sorted, disjoint `ranges`: the pieces left, in order.
+fn subtract(lo: u64, hi: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = lo;
+    let first = ranges.partition_point(|r| r.1 <= lo);
+    for &(a, b) in &ranges[first..] {
+        if a >= hi {
+            break;
+        }
+        if a > at {
+            out.push((at, a));
+        }
+        at = at.max(b);
+    }
+    if at < hi {
+        out.push((at, hi));
+    }
+    out
+}
+
+/// Largest heap of a glibc thread arena (`HEAP_MAX_SIZE` on 64-bit: twice the largest mmap
+/// threshold, 2 × 32 MiB); heaps are aligned to it, so a chunk's heap starts at its address
+/// rounded down (glibc's `heap_for_ptr`).
+const ARENA_HEAP_MAX: u64 = 64 << 20;
+/// Chunk size field flags of glibc: the chunk was mmapped on its own; it belongs to a thread
+/// arena (not the main one, which lives in `[heap]`).
+const IS_MMAPPED: u64 = 2;
+const NON_MAIN_ARENA: u64 = 4;
+/// Headers read per `process_vm_readv`.
+const HEADER_BATCH: usize = 512;
+
+/// The memory malloc owns, outside `[heap]`: sorted, disjoint `[start, end)` ranges.
+///
+/// Found from the live blocks' glibc chunk headers (the 16 bytes before each block: the
+/// previous chunk's size or the mmap offset, then the chunk's size and flags), read in
+/// batches, one block per range found (the other blocks of that range are skipped):
+/// * `IS_MMAPPED`: the chunk's own mapping, `[chunk − prev_size, chunk + size)` — page
+///   aligned, inside the block's memory area, holding no other live block;
+/// * `NON_MAIN_ARENA`: the thread arena's heap at the block's address rounded down to 64 MiB,
+///   whose `heap_info` (`ar_ptr`, `prev`, `size`, `mprotect_size`) must hold together (sizes
+///   page multiples, `size ≤ mprotect_size ≤ 64 MiB`, the block inside `size`): up to 64 MiB
+///   or the end of the memory area.
+///
+/// Free chunks there hold stale pointers, and malloc's own state points at chunk headers: never
+/// roots. A block whose header fits neither (another allocator, CPython's pymalloc objects,
+/// a main arena outside `[heap]`) claims only its own bytes. The kernel merges neighbouring
+/// anonymous mappings with the same protection into one memory area, so a program's own
+/// mapping often shares one with a large chunk: that is why roots are address ranges, not
+/// whole areas.
+fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u64, u64)> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let mut out: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path == "[heap]")
+        .map(|m| (m.start, m.end))
+        .collect();
+    out.sort_unstable();
+    // `/proc/PID/maps` lists memory areas in address order.
+    let area_of = |a: u64| {
+        let k = maps.partition_point(|m| m.start <= a).checked_sub(1)?;
+        let m = &maps[k];
+        (a < m.end).then_some((m.start, m.end))
+    };
+    let covered = |out: &[(u64, u64)], a: u64| {
+        let k = out.partition_point(|r| r.0 <= a);
+        k > 0 && a < out[k - 1].1
+    };
+    let mut i = 0usize;
+    let mut batch: Vec<usize> = Vec::with_capacity(HEADER_BATCH);
+    let mut headers = vec![[0u64; 2]; HEADER_BATCH];
+    while i < blocks.len() {
+        batch.clear();
+        while i < blocks.len() && batch.len() < HEADER_BATCH {
+            let a = blocks[i].address;
+            if a >= 16 && !covered(&out, a) {
+                batch.push(i);
+            }
+            i += 1;
+        }
+        let addrs: Vec<u64> = batch.iter().map(|&k| blocks[k].address - 16).collect();
+        let ok = mem.read_many(&addrs, &mut headers[..batch.len()]);
+        for (n, &k) in batch.iter().enumerate() {
+            let b = &blocks[k];
+            if !ok[n] || covered(&out, b.address) {
+                continue;
+            }
+            let Some((area_lo, area_hi)) = area_of(b.address) else {
+                continue;
+            };
+            let [prev_size, size_word] = headers[n];
+            let (flags, csize) = (size_word & 7, size_word & !7);
+            let chunk = b.address - 16;
+            let found = if flags & (IS_MMAPPED | NON_MAIN_ARENA) == IS_MMAPPED {
+                chunk
+                    .checked_sub(prev_size)
+                    .zip(chunk.checked_add(csize))
+                    .filter(|&(lo, hi)| {
+                        lo % page == 0
+                            && hi % page == 0
+                            && csize >= b.size.saturating_add(16)
+                            && lo >= area_lo
+                            && hi <= area_hi
+                            && (k == 0 || block_end(&blocks[k - 1]) <= lo)
+                            && blocks.get(k + 1).is_none_or(|n| n.address >= hi)
+                    })
+            } else if flags & (IS_MMAPPED | NON_MAIN_ARENA) == NON_MAIN_ARENA {
+                let heap = b.address & !(ARENA_HEAP_MAX - 1);
+                let mut info = [[0u64; 2]; 2];
+                let read =
+                    heap >= area_lo && mem.read_many(&[heap, heap + 16], &mut info) == [true, true];
+                let [_, [size, mprotect_size]] = info;
+                (read
+                    && size % page == 0
+                    && mprotect_size % page == 0
+                    && size <= mprotect_size
+                    && mprotect_size <= ARENA_HEAP_MAX
+                    && block_end(b) <= heap + size)
+                    .then(|| (heap, (heap + ARENA_HEAP_MAX).min(area_hi)))
+            } else {
+                None
+            };
+            if let Some(r) = found {
+                let at = out.partition_point(|x| x.0 < r.0);
+                out.insert(at, r);
+            }
+        }
+    }
+    // Ranges found from different blocks never overlap in a sound process; merge if they do.
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(last) if r.0 <= last.1 => last.1 = last.1.max(r.1),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
 /// A thread of the target: id, name and stack pointer when known.
 #[derive(Debug)]
 struct Thread {
@@ -747,6 +1038,7 @@ fn data_symbols(m: &Module) -> Vec<(u64, u64, String)> {
 fn find_roots(
     pid: u32,
     maps: &[Mapping],
+    live: &[Block],
     blocks: &[Block],
     lookup: &Lookup,
     mem: &Memory,
@@ -769,10 +1061,9 @@ fn find_roots(
     // LeakSanitizer too starts at sp); a thread stopped anywhere may keep live data in its
     // 128-byte red zone.
     let red_zone = if stopped.is_some() { 128 } else { 0 };
-    let holds_block = |m: &Mapping| {
-        let i = blocks.partition_point(|b| b.address < m.start);
-        i < blocks.len() && blocks[i].address < m.end
-    };
+    // What malloc owns (its arenas, its mmapped chunks) is never a root; the rest of every
+    // writable mapping is, minus the live blocks themselves (their contents are edges).
+    let owned = allocator_ranges(maps, live, mem);
     let region = region.to_string_lossy();
     let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
     let mut roots: HashMap<(RootKind, String), Vec<u32>> = HashMap::new();
@@ -783,7 +1074,7 @@ fn find_roots(
         if !m.write || !m.read || m.path.ends_with(".heapdump") || m.path == region {
             continue;
         }
-        if m.path == "[heap]" || m.path.starts_with("[v") || holds_block(m) {
+        if m.path == "[heap]" || m.path.starts_with("[v") {
             continue;
         }
         // Which module's globals these are: a file mapping of the module, or memory inside its
@@ -829,24 +1120,36 @@ fn find_roots(
         // the live block before it, so those pointers would keep that block alive.
         let in_libc = kind == RootKind::Global
             && module.is_some_and(|mi| file_name(&modules[mi].path).starts_with("libc.so"));
-        let mut addr = from;
-        while addr < m.end {
-            let len = ((m.end - addr) as usize).min(buf.len());
-            let got = mem.read(addr, &mut buf[..len]);
-            if got == 0 {
-                break;
-            }
-            stats.root_bytes += got as u64;
-            for (w, word) in buf[..got & !7].chunks_exact(8).enumerate() {
-                let v = u64::from_ne_bytes(word.try_into().unwrap());
-                if let Some(b) = lookup.find(v) {
-                    if in_libc && is_next_chunk_header(&blocks[b as usize], v) {
+        for (lo, hi) in subtract(from, m.end, &owned) {
+            // Live blocks inside the range: skipped word by word (`j`: the first block that
+            // ends after the word being looked at).
+            let mut j = live.partition_point(|b| block_end(b) <= lo);
+            let mut addr = lo;
+            while addr < hi {
+                let len = ((hi - addr) as usize).min(buf.len());
+                let got = mem.read(addr, &mut buf[..len]);
+                if got == 0 {
+                    break;
+                }
+                for (w, word) in buf[..got & !7].chunks_exact(8).enumerate() {
+                    let at = addr + 8 * w as u64;
+                    while j < live.len() && block_end(&live[j]) <= at {
+                        j += 1;
+                    }
+                    if j < live.len() && live[j].address <= at {
                         continue;
                     }
-                    found.push((addr + 8 * w as u64, b));
+                    stats.root_bytes += 8;
+                    let v = u64::from_ne_bytes(word.try_into().unwrap());
+                    if let Some(b) = lookup.find(v) {
+                        if in_libc && is_next_chunk_header(&blocks[b as usize], v) {
+                            continue;
+                        }
+                        found.push((at, b));
+                    }
                 }
+                addr += got as u64;
             }
-            addr += got as u64;
         }
         // The end of the module's segments: a mapping the program made right after its .bss
         // can be merged into the same memory area by the kernel; words past the end are that
@@ -929,6 +1232,72 @@ mod tests {
         let m = parse_maps_line("55d0-55e0 rw-p 00002000 fe:00 123   /usr/lib/with space/libx.so")
             .unwrap();
         assert_eq!(m.path, "/usr/lib/with space/libx.so");
+    }
+
+    #[test]
+    fn subtract_ranges() {
+        let r = [(10, 20), (30, 40), (45, 50)];
+        assert_eq!(
+            subtract(0, 100, &r),
+            vec![(0, 10), (20, 30), (40, 45), (50, 100)]
+        );
+        assert_eq!(subtract(15, 35, &r), vec![(20, 30)]);
+        assert_eq!(subtract(12, 18, &r), vec![]);
+        assert_eq!(subtract(40, 45, &r), vec![(40, 45)]);
+        assert_eq!(subtract(0, 5, &[]), vec![(0, 5)]);
+    }
+
+    /// glibc's own chunks in this process: a 1 MiB block (an mmapped chunk: its mapping), a
+    /// small block of another thread (a thread arena: its 64 MiB-aligned heap), and a block
+    /// of the program's own mapping (no glibc header: nothing but itself).
+    #[test]
+    fn allocator_ranges_of_glibc_chunks_in_this_process() {
+        let b = |address, size| Block {
+            address,
+            size,
+            stack: 0,
+            thread: 0,
+        };
+        // SAFETY: plain malloc/free of glibc (the test binary's allocator is glibc's too);
+        // the blocks are freed at the end and never dereferenced here.
+        let big = unsafe { libc::malloc(1 << 20) } as u64;
+        let small = std::thread::spawn(|| unsafe { libc::malloc(100) } as u64)
+            .join()
+            .unwrap();
+        // SAFETY: an anonymous mapping of 2 pages, unmapped at the end.
+        let own = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as u64;
+        let pid = std::process::id();
+        let maps = read_maps(pid).unwrap();
+        let mem = Memory::open(pid, own).unwrap();
+        let mut blocks = vec![b(big, 1 << 20), b(small, 100), b(own + 4096, 64)];
+        blocks.sort_by_key(|x| x.address);
+        let ranges = allocator_ranges(&maps, &blocks, &mem);
+        let holding = |a: u64| ranges.iter().find(|r| a >= r.0 && a < r.1).copied();
+        let chunk = big - 16;
+        let r = holding(big).expect("the mmapped chunk");
+        assert_eq!(r.0, chunk, "{ranges:x?}");
+        assert!(
+            r.1 >= chunk + (1 << 20) + 16 && r.1 % 4096 == 0,
+            "{ranges:x?}"
+        );
+        let r = holding(small).expect("the thread arena");
+        assert_eq!(r.0, small & !(ARENA_HEAP_MAX - 1), "{ranges:x?}");
+        assert_eq!(holding(own + 4096), None, "{ranges:x?}");
+        // SAFETY: the blocks and the mapping made above, not used any more.
+        unsafe {
+            libc::free(big as *mut libc::c_void);
+            libc::free(small as *mut libc::c_void);
+            libc::munmap(own as *mut libc::c_void, 8192);
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use heapdump_instrumentation::hooks::{record_alloc, record_free, record_free_def
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod exec;
 mod got;
 
 extern "C" {
