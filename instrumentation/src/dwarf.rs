@@ -425,8 +425,10 @@ fn compute(
         if let Some(rule) = trampoline_rule(key) {
             return rule;
         }
-        // In no known object: the list may be stale (see `take_stale`).
+        // In no known object: the list may be stale (see `take_stale`), or the code is
+        // generated or in a mapping the loader does not report.
         *missed = true;
+        crate::modules::note_unknown_code();
         return RULE_FRAME_POINTER;
     };
     let Some(table) = o.hdr.table() else {
