@@ -319,43 +319,44 @@ fn add_unlisted_mappings(ctx: &mut Ctx) {
         if !exec || path.is_empty() || hi <= lo || path.ends_with(b" (deleted)") {
             return false;
         }
-        let n = (ctx.count.load(Ordering::Relaxed) as usize).min(ctx.table.len());
-        // Already described (by dl_iterate_phdr, or by an earlier scan).
-        let mut covered = false;
-        for i in 0..n {
-            let m = &ctx.table[i];
-            if m.state == MODULE_LOADED && contains(m, lo) {
-                if i < MAX_TRACKED {
-                    ctx.seen[i / 64] |= 1 << (i % 64);
-                }
-                covered = true;
-            }
-        }
-        if covered || n >= ctx.table.len() || path.len() > MODULE_PATH_BYTES {
+        if path.len() > MODULE_PATH_BYTES {
             return false;
         }
-        let file_name = &path[path.iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1)..];
-        let is_jitdump = file_name.starts_with(b"jit-") && file_name.ends_with(b".dump");
-        // The loaded object of the same file, and its segment holding `offset`.
+        let n = (ctx.count.load(Ordering::Relaxed) as usize).min(ctx.table.len());
+        // One pass over the entries of this file: one that already describes this mapping
+        // (the object itself, as dl_iterate_phdr reported it, or an earlier scan's entry),
+        // else the object's segment holding `offset`. Entries of other files are skipped on
+        // their path length or first bytes.
         let mut found: Option<(usize, u64, u64)> = None;
         for i in 0..n {
             let m = &ctx.table[i];
             if m.state != MODULE_LOADED
-                || &m.path[..(m.path_len as usize).min(MODULE_PATH_BYTES)] != path
+                || m.path_len as usize != path.len()
+                || m.path[..path.len()] != *path
             {
                 continue;
             }
-            for s in &m.segments[..(m.segment_count as usize).min(MAX_SEGMENTS)] {
-                let off = s.offset_flags & ((1 << 56) - 1);
-                if offset >= off && offset < off.saturating_add(s.memsz) {
-                    found = Some((i, s.vaddr + (offset - off), s.offset_flags >> 56));
-                    break;
+            if contains(m, lo) {
+                if i < MAX_TRACKED {
+                    ctx.seen[i / 64] |= 1 << (i % 64);
+                }
+                return false;
+            }
+            if found.is_none() {
+                for s in &m.segments[..(m.segment_count as usize).min(MAX_SEGMENTS)] {
+                    let off = s.offset_flags & ((1 << 56) - 1);
+                    if offset >= off && offset < off.saturating_add(s.memsz) {
+                        found = Some((i, s.vaddr + (offset - off), s.offset_flags >> 56));
+                        break;
+                    }
                 }
             }
-            if found.is_some() {
-                break;
-            }
         }
+        if n >= ctx.table.len() {
+            return false;
+        }
+        let file_name = &path[path.iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1)..];
+        let is_jitdump = file_name.starts_with(b"jit-") && file_name.ends_with(b".dump");
         let (vaddr, flags, build_id) = match found {
             Some((i, vaddr, flags)) => (vaddr, flags, Some(i)),
             None if is_jitdump => (offset, libc::PF_R as u64 | libc::PF_X as u64, None),
