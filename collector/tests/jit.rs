@@ -133,8 +133,12 @@ fn node_js_functions_named_from_the_perf_map() {
         &["--perf-basic-prof"][..],
     ] {
         let dir = region_dir("jit-node");
+        // node may write logs (isolate-*-v8.log) into its working directory.
+        let cwd = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(&node);
-        cmd.args(flags).arg(script("make_buffers.js"));
+        cmd.args(flags)
+            .arg(script("make_buffers.js"))
+            .current_dir(cwd.path());
         let r = start(cmd, &dir, true);
         let pid = r.pid();
         let profile = snapshot(&dir, pid, &[]);
@@ -181,7 +185,9 @@ fn node_post_mortem_keeps_the_names() {
         return;
     };
     let dir = region_dir("jit-node-pm");
+    let cwd = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(&node);
+    cmd.current_dir(cwd.path());
     cmd.args(["--perf-basic-prof", "--interpreted-frames-native-stack"])
         .arg(script("make_buffers.js"))
         .env("HEAPDUMP_KEEP", "1");
@@ -308,5 +314,63 @@ fn python_post_mortem_names_from_perf_map_and_jitdump() {
             bytes_with_caller(&p, "outer", "holder") >= PY_BYTES,
             "{what}"
         );
+    }
+}
+
+/// Code run from a second mapping of the executable, which `dl_iterate_phdr` does not
+/// report (examples/c/remap_exec.c, as node runs V8's builtins): named from the file at that
+/// mapping's offset — live from `/proc/PID/maps`, post-mortem from the module table the shim
+/// completed at exit. Before, these 100 blocks were under an unnamed frame.
+#[test]
+fn second_mapping_of_the_executable_is_symbolized() {
+    if !can_run("second_mapping_of_the_executable_is_symbolized") {
+        return;
+    }
+    let exe = compile_c("remap_exec", &["-fno-optimize-sibling-calls"]);
+    for post_mortem in [false, true] {
+        let dir = region_dir("jit-remap");
+        let mut cmd = Command::new(&exe);
+        if post_mortem {
+            cmd.env("HEAPDUMP_KEEP", "1");
+        }
+        let r = start(cmd, &dir, true);
+        let pid = r.pid();
+        let profile = if post_mortem {
+            assert_eq!(r.finish(), 0);
+            snapshot(&dir, pid, &[])
+        } else {
+            snapshot(&dir, pid, &[])
+        };
+        let p = decode(&profile);
+        let through = sum_through(&p, "alloc_in_copy");
+        assert_eq!(
+            through[2..],
+            [100, 100_000],
+            "post-mortem {post_mortem}: blocks and bytes under alloc_in_copy"
+        );
+        assert_eq!(bytes_with_caller(&p, "alloc_in_copy", "main"), 100_000);
+        // The frames lie in the second mapping, not in the executable's own text: their
+        // mapping is a different one, of the same file.
+        let locs = locations_of(&p, "alloc_in_copy");
+        let main_locs = locations_of(&p, "main");
+        let mapping = |ids: &std::collections::HashSet<u64>| -> Vec<u64> {
+            let mut v: Vec<u64> = p
+                .location
+                .iter()
+                .filter(|l| ids.contains(&l.id))
+                .map(|l| l.mapping_id)
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let (m1, m2) = (mapping(&locs), mapping(&main_locs));
+        assert_eq!(m1.len(), 1, "{m1:?}");
+        assert_ne!(m1, m2, "alloc_in_copy ran from the executable's own text?");
+        let file = |id: u64| {
+            let m = p.mapping.iter().find(|m| m.id == id).unwrap();
+            p.string_table[m.filename as usize].clone()
+        };
+        assert_eq!(file(m1[0]), file(m2[0]));
     }
 }
