@@ -15,9 +15,9 @@
 //!   read up to its last whole record.
 //!
 //! The collector may run as root and read files a less privileged target wrote: a file is
-//! read only when it is a regular file (opened without following a symbolic link), owned by
-//! the target's user or root, not writable by others, and not older than the target (a file
-//! left by an earlier process with the same pid is not it).
+//! read only when it is a regular file (opened without following a symbolic link) with one
+//! link, owned by the target's user or root, not writable by others, and not older than the
+//! target (a file left by an earlier process with the same pid is not it).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -310,6 +310,15 @@ fn read_trusted(path: &Path, target: &Target) -> Option<Result<Vec<u8>, String>>
                 path.display(),
                 md.uid(),
                 target.uid
+            ));
+        }
+        // A second name of a file (a hard link someone made to a file they do not own, where
+        // the kernel allows it) is not the target's own file.
+        if md.nlink() != 1 {
+            return Err(format!(
+                "{} has {} links: not read",
+                path.display(),
+                md.nlink()
             ));
         }
         if md.mode() & 0o002 != 0 {
@@ -716,5 +725,12 @@ mod tests {
             .contains("older"));
         // Not a regular file.
         assert!(read_trusted(dir.path(), &t).unwrap().is_err());
+        // A hard link.
+        let linked = dir.path().join("linked.map");
+        std::fs::hard_link(&good, &linked).unwrap();
+        assert!(read_trusted(&linked, &t)
+            .unwrap()
+            .unwrap_err()
+            .contains("2 links"));
     }
 }
