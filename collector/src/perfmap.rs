@@ -505,6 +505,10 @@ pub fn unlisted_modules(maps: &[Mapping], modules: &[Module]) -> Vec<Module> {
 /// PT_LOAD holds the offset.
 fn vaddr_of_offset(path: &Path, offset: u64) -> Option<(u64, u32)> {
     use object::read::elf::{FileHeader, ProgramHeader};
+    // Not even opened unless it is a regular file: opening a device can have effects.
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
