@@ -208,7 +208,8 @@ unsafe extern "C" fn callback(
 
 /// Writes into `out` the path of the file mapped at `addr`, as `/proc/self/maps` shows it
 /// (absolute, symbolic links resolved); returns its length, 0 when no file is mapped there or
-/// the path does not fit. Reads with raw system calls into a stack buffer: no allocation.
+/// the path does not fit. Reads with raw system calls: no allocation. The caller holds
+/// [`LOCK`] (see [`for_each_maps_line`]).
 fn mapped_path(addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> usize {
     let mut found = 0;
     for_each_maps_line(|line| {
@@ -218,10 +219,29 @@ fn mapped_path(addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> usize {
     found
 }
 
+/// Buffer of [`for_each_maps_line`]: static rather than on the stack, which may be a small
+/// coroutine stack when the scan runs from inside `malloc`. Used only under [`LOCK`].
+struct MapsBuf(std::cell::UnsafeCell<[u8; 8192]>);
+// SAFETY: only used by for_each_maps_line, whose callers hold LOCK.
+unsafe impl Sync for MapsBuf {}
+static MAPS_BUF: MapsBuf = MapsBuf(std::cell::UnsafeCell::new([0; 8192]));
+
 /// Calls `f` with each line of `/proc/self/maps` (without its newline) until it returns true.
 /// Lines longer than the 8 KiB buffer (a path near `PATH_MAX`) are skipped. Reads with raw
-/// system calls into a stack buffer: no allocation. False when the file cannot be opened.
-fn for_each_maps_line(mut f: impl FnMut(&[u8]) -> bool) -> bool {
+/// system calls into a static buffer: no allocation, little stack; keeps errno. False when the
+/// file cannot be opened. The caller must hold [`LOCK`] (the buffer is shared).
+fn for_each_maps_line(f: impl FnMut(&[u8]) -> bool) -> bool {
+    // SAFETY: errno is thread-local; read and restored around the system calls.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: the caller holds LOCK, so no other thread uses the buffer, and this function
+    // does not call itself.
+    let r = maps_lines(unsafe { &mut *MAPS_BUF.0.get() }, f);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+    r
+}
+
+fn maps_lines(buf: &mut [u8; 8192], mut f: impl FnMut(&[u8]) -> bool) -> bool {
     // SAFETY: a NUL-terminated path; open has no other preconditions.
     let fd = unsafe {
         libc::open(
@@ -232,7 +252,6 @@ fn for_each_maps_line(mut f: impl FnMut(&[u8]) -> bool) -> bool {
     if fd < 0 {
         return false;
     }
-    let mut buf = [0u8; 8192];
     let (mut len, mut done, mut skipping) = (0usize, false, false);
     loop {
         // SAFETY: the destination range lies within `buf`.
