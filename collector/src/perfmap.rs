@@ -276,9 +276,26 @@ pub fn frame_of(name: &str) -> Frame {
     }
 }
 
+/// What [`read_trusted`] read.
+#[derive(Debug)]
+struct Contents {
+    /// The bytes from `from` to the end.
+    data: Vec<u8>,
+    /// The file's device and inode.
+    id: (u64, u64),
+    /// Offset of `data[0]` in the file.
+    from: u64,
+}
+
 /// Opens `path` for reading if it can be trusted as `target`'s (see the module docs); reads
-/// it whole. Errors say why it was not read (`None`: there is no such file).
-fn read_trusted(path: &Path, target: &Target) -> Option<Result<Vec<u8>, String>> {
+/// it whole, or only past `skip.1` when the file is still the one `skip.0` names (device and
+/// inode) and at least that long. Errors say why it was not read (`None`: there is no such
+/// file).
+fn read_trusted(
+    path: &Path,
+    target: &Target,
+    skip: Option<((u64, u64), u64)>,
+) -> Option<Result<Contents, String>> {
     let f = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
@@ -294,7 +311,7 @@ fn read_trusted(path: &Path, target: &Target) -> Option<Result<Vec<u8>, String>>
         }
         Err(e) => return Some(Err(format!("{}: {e}", path.display()))),
     };
-    let check = || -> Result<Vec<u8>, String> {
+    let check = || -> Result<Contents, String> {
         let md = f
             .metadata()
             .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -343,11 +360,21 @@ fn read_trusted(path: &Path, target: &Target) -> Option<Result<Vec<u8>, String>>
                 MAX_FILE_BYTES
             ));
         }
-        let mut data = Vec::with_capacity(md.len() as usize);
+        let id = (md.dev(), md.ino());
+        let from = match skip {
+            Some((i, at)) if i == id && at <= md.len() => at,
+            _ => 0,
+        };
+        if from > 0 {
+            use std::io::Seek;
+            (&f).seek(std::io::SeekFrom::Start(from))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        let mut data = Vec::with_capacity((md.len() - from) as usize);
         (&f).take(MAX_FILE_BYTES)
             .read_to_end(&mut data)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(data)
+        Ok(Contents { data, id, from })
     };
     Some(check())
 }
@@ -355,18 +382,13 @@ fn read_trusted(path: &Path, target: &Target) -> Option<Result<Vec<u8>, String>>
 /// Reads `target`'s perf map and jitdump files: `/tmp/perf-PID.map`, `/tmp/jit-PID.dump`, and
 /// any file named `jit-PID.dump` among `modules` or (when it is alive) mapped in the process.
 /// What could not be read, and why, is added to `warnings`.
+///
+/// A perf map only grows (lines are appended): what was parsed of it is kept for the next
+/// snapshot in this process (`watch`), which reads only the lines added since, as long as the
+/// file is the same one (device and inode) and not shorter.
 pub fn load(target: &Target, modules: &[Module], warnings: &mut Vec<String>) -> JitSymbols {
-    let mut syms = JitSymbols::default();
     let map = PathBuf::from(format!("/tmp/perf-{}.map", target.pid));
-    match read_trusted(&map, target) {
-        None => {}
-        Some(Err(why)) => warnings.push(why),
-        Some(Ok(data)) => {
-            let n = syms.add_perf_map(&String::from_utf8_lossy(&data));
-            syms.sources
-                .push(format!("{}: {n} code ranges", map.display()));
-        }
-    }
+    let mut syms = perf_map(&map, target, warnings);
     let dump_name = format!("jit-{}.dump", target.pid);
     let mut dumps = vec![PathBuf::from("/tmp").join(&dump_name)];
     let named = |p: &str| {
@@ -391,10 +413,10 @@ pub fn load(target: &Target, modules: &[Module], warnings: &mut Vec<String>) -> 
     dumps.sort();
     dumps.dedup();
     for d in dumps {
-        match read_trusted(&d, target) {
+        match read_trusted(&d, target, None) {
             None => {}
             Some(Err(why)) => warnings.push(why),
-            Some(Ok(data)) => match syms.add_jitdump(&data, target.pid) {
+            Some(Ok(c)) => match syms.add_jitdump(&c.data, target.pid) {
                 Ok(n) => syms
                     .sources
                     .push(format!("{}: {n} code ranges", d.display())),
@@ -403,6 +425,46 @@ pub fn load(target: &Target, modules: &[Module], warnings: &mut Vec<String>) -> 
         }
     }
     syms
+}
+
+/// What was parsed of a perf map: its (device, inode), the bytes parsed (whole lines), the
+/// ranges and how many lines gave them.
+type Parsed = ((u64, u64), u64, JitSymbols, usize);
+
+/// The ranges of the perf map at `path` (see [`load`]), with the file named in `sources`.
+fn perf_map(path: &Path, target: &Target, warnings: &mut Vec<String>) -> JitSymbols {
+    // Keyed by the process too: another process with the same pid writes another map.
+    type Key = (PathBuf, u64);
+    static CACHE: std::sync::Mutex<Option<std::collections::HashMap<Key, Parsed>>> =
+        std::sync::Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(Default::default);
+    let key = (path.to_owned(), target.started_realtime_ns);
+    let prev = cache.remove(&key);
+    let skip = prev.as_ref().map(|(id, at, _, _)| (*id, *at));
+    let c = match read_trusted(path, target, skip) {
+        None => return JitSymbols::default(),
+        Some(Err(why)) => {
+            warnings.push(why);
+            return JitSymbols::default();
+        }
+        Some(Ok(c)) => c,
+    };
+    let (mut syms, mut n) = match prev {
+        Some((id, at, syms, n)) if id == c.id && at == c.from && c.from > 0 => (syms, n),
+        _ => (JitSymbols::default(), 0),
+    };
+    // Whole lines only: the writer may be in the middle of one.
+    let whole = c
+        .data
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    n += syms.add_perf_map(&String::from_utf8_lossy(&c.data[..whole]));
+    let mut out = syms.clone();
+    out.sources = vec![format!("{}: {n} code ranges", path.display())];
+    cache.insert(key, (c.id, c.from + whole as u64, syms, n));
+    out
 }
 
 /// One line of `/proc/PID/maps`.
@@ -660,6 +722,48 @@ mod tests {
     }
 
     #[test]
+    fn perf_map_read_again_from_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("perf-1.map");
+        let t = Target {
+            pid: 1,
+            uid: unsafe { libc::geteuid() },
+            started_realtime_ns: 1,
+            alive: true,
+        };
+        let mut w = Vec::new();
+        // The writer is in the middle of its second line.
+        std::fs::write(&path, "1000 10 a\n2000 10 b").unwrap();
+        let s = perf_map(&path, &t, &mut w);
+        assert_eq!((s.name(0x1000), s.name(0x2000)), (Some("a"), None));
+        assert_eq!(
+            s.sources,
+            vec![format!("{}: 1 code ranges", path.display())]
+        );
+        // The line completed, another appended (overriding part of the first).
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"0\n1008 8 c\n").unwrap();
+        let s = perf_map(&path, &t, &mut w);
+        assert_eq!(s.name(0x1000), Some("a"));
+        assert_eq!(s.name(0x1009), Some("c"));
+        assert_eq!(s.name(0x200f), Some("b0"));
+        assert_eq!(
+            s.sources,
+            vec![format!("{}: 3 code ranges", path.display())]
+        );
+        // A new file under the same name: read from its start.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "3000 10 d\n").unwrap();
+        let s = perf_map(&path, &t, &mut w);
+        assert_eq!((s.name(0x1000), s.name(0x3000)), (None, Some("d")));
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
     fn maps_lines() {
         let m = parse_maps(
             "00400000-00b6f000 r--p 00000000 fe:00 247584                             /usr/bin/node\n\
@@ -685,21 +789,21 @@ mod tests {
         };
         let good = dir.path().join("good.map");
         std::fs::write(&good, "1000 10 x\n").unwrap();
-        assert!(read_trusted(&good, &t).unwrap().is_ok());
-        assert!(read_trusted(&dir.path().join("none"), &t).is_none());
+        assert!(read_trusted(&good, &t, None).unwrap().is_ok());
+        assert!(read_trusted(&dir.path().join("none"), &t, None).is_none());
         // Writable by anyone.
         use std::os::unix::fs::PermissionsExt;
         let open = dir.path().join("open.map");
         std::fs::write(&open, "1000 10 x\n").unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(read_trusted(&open, &t)
+        assert!(read_trusted(&open, &t, None)
             .unwrap()
             .unwrap_err()
             .contains("anyone"));
         // A symbolic link is not followed.
         let link = dir.path().join("link.map");
         std::os::unix::fs::symlink(&good, &link).unwrap();
-        assert!(read_trusted(&link, &t)
+        assert!(read_trusted(&link, &t, None)
             .unwrap()
             .unwrap_err()
             .contains("symbolic"));
@@ -714,7 +818,7 @@ mod tests {
             uid: if me == 1000 { 1001 } else { 1000 },
             ..t.clone()
         };
-        assert!(read_trusted(&theirs, &other)
+        assert!(read_trusted(&theirs, &other, None)
             .unwrap()
             .unwrap_err()
             .contains("uid"));
@@ -723,16 +827,16 @@ mod tests {
             started_realtime_ns: vmo_layout::clock::realtime_ns() + 60_000_000_000,
             ..t.clone()
         };
-        assert!(read_trusted(&good, &later)
+        assert!(read_trusted(&good, &later, None)
             .unwrap()
             .unwrap_err()
             .contains("older"));
         // Not a regular file.
-        assert!(read_trusted(dir.path(), &t).unwrap().is_err());
+        assert!(read_trusted(dir.path(), &t, None).unwrap().is_err());
         // A hard link.
         let linked = dir.path().join("linked.map");
         std::fs::hard_link(&good, &linked).unwrap();
-        assert!(read_trusted(&linked, &t)
+        assert!(read_trusted(&linked, &t, None)
             .unwrap()
             .unwrap_err()
             .contains("2 links"));
