@@ -427,6 +427,9 @@ pub fn load(target: &Target, modules: &[Module], warnings: &mut Vec<String>) -> 
     syms
 }
 
+/// Perf maps whose parsed ranges are kept between snapshots (see [`perf_map`]).
+const MAX_CACHED_MAPS: usize = 16;
+
 /// What was parsed of a perf map: its (device, inode), the bytes parsed (whole lines), the
 /// ranges and how many lines gave them.
 type Parsed = ((u64, u64), u64, JitSymbols, usize);
@@ -463,6 +466,10 @@ fn perf_map(path: &Path, target: &Target, warnings: &mut Vec<String>) -> JitSymb
     n += syms.add_perf_map(&String::from_utf8_lossy(&c.data[..whole]));
     let mut out = syms.clone();
     out.sources = vec![format!("{}: {n} code ranges", path.display())];
+    // Bounded: a `watch` of processes that come and go keeps the maps of the last few.
+    if cache.len() >= MAX_CACHED_MAPS {
+        cache.clear();
+    }
     cache.insert(key, (c.id, c.from + whole as u64, syms, n));
     out
 }
