@@ -19,6 +19,7 @@ mod moments;
 mod multi;
 mod outdir;
 mod parca;
+mod perfmap;
 mod pprof;
 mod priority;
 mod push;
@@ -1135,7 +1136,7 @@ fn stack_names(
         .collect();
     addrs.sort_unstable();
     addrs.dedup();
-    let resolved = symbolize::symbolize(&c.modules, &addrs);
+    let resolved = symbolize::symbolize(&c.modules, &c.jit, &addrs);
     let mut out = std::collections::HashMap::new();
     for s in stacks {
         let Some(frames) = c.stacks.get(&s) else {

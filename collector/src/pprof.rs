@@ -126,7 +126,7 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     addrs.sort_unstable();
     addrs.dedup();
     let resolved: HashMap<u64, Resolved> = if opts.symbolize {
-        symbolize(&c.modules, &addrs)
+        symbolize(&c.modules, &c.jit, &addrs)
     } else {
         addrs
             .iter()
@@ -187,6 +187,13 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     for &a in &addrs {
         let r = &resolved[&a];
         let mut lines = Vec::with_capacity(r.frames.len());
+        // Generated code's system name is the JIT's own (`py::<module>:app.py`,
+        // `JS:*makeBuffers app.js:1:21`): pprof then shows the name as it is, where it would
+        // take `<module>` for a C++ template argument list and drop it.
+        let system_name = match r.module {
+            None => c.jit.name(a),
+            Some(_) => None,
+        };
         for f in &r.frames {
             let key = (f.function.clone(), f.file.clone());
             let next = fn_id.len() as u64 + 1;
@@ -194,7 +201,7 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
                 p.function.push(pb::Function {
                     id: next,
                     name: s.id(&f.function),
-                    system_name: s.id(&f.function),
+                    system_name: s.id(system_name.unwrap_or(&f.function)),
                     filename: s.id(&f.file),
                     start_line: 0,
                 });

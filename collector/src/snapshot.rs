@@ -29,8 +29,10 @@ pub struct Collected {
     pub blocks: Option<Vec<Block>>,
     /// Thread slots.
     pub threads: Vec<ThreadInfo>,
-    /// Module table.
+    /// Module table (with the executable file mappings it lacks, for a live target).
     pub modules: Vec<Module>,
+    /// Names of generated code (JIT compilers, CPython's perf trampolines).
+    pub jit: crate::perfmap::JitSymbols,
     /// What the snapshot is of, when not simply "now" (a named snapshot, born since …): lines
     /// for the profile's comments.
     pub notes: Vec<String>,
@@ -258,6 +260,28 @@ pub fn collect_at(
             m.path = format!("[not a regular file] {}", m.path);
         }
     }
+    // Generated code: names from the perf map and jitdump files the target wrote, and
+    // executable file mappings its module table lacks (read from /proc while it runs).
+    let same_ns = !alive || crate::frozen::same_pid_namespace(target_pid);
+    let jit = if same_ns {
+        use std::os::unix::fs::MetadataExt;
+        if alive {
+            let maps = crate::perfmap::proc_maps(target_pid);
+            let extra = crate::perfmap::unlisted_modules(&maps, &modules);
+            modules.extend(extra);
+        }
+        let target = crate::perfmap::Target {
+            pid: target_pid,
+            uid: opened.file.metadata().map(|m| m.uid()).unwrap_or(u32::MAX),
+            started_realtime_ns: info.created_realtime_ns,
+            alive,
+        };
+        crate::perfmap::load(&target, &modules, &mut meta.warnings)
+    } else {
+        crate::perfmap::JitSymbols::default()
+    };
+    let mut notes = moment.notes.clone();
+    notes.extend(jit.sources.iter().map(|s| format!("JIT code names: {s}")));
     let threads = region.threads();
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
@@ -273,7 +297,8 @@ pub fn collect_at(
         blocks,
         threads,
         modules,
-        notes: moment.notes.clone(),
+        jit,
+        notes,
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
     })
 }

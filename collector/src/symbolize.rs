@@ -65,7 +65,8 @@ pub fn module_of(modules: &[Module], addr: u64) -> Option<usize> {
     best
 }
 
-/// Symbolizes `addrs` (call-site addresses: return address − 1) against `modules`.
+/// Symbolizes `addrs` (call-site addresses: return address − 1) against `modules`, and
+/// addresses in no module against `jit` (generated code named in perf map or jitdump files).
 ///
 /// Modules whose file no longer exists, or whose build ID differs from the recorded one, are left
 /// unsymbolized (their mapping keeps the build ID so pprof can symbolize later).
@@ -74,7 +75,11 @@ pub fn module_of(modules: &[Module], addr: u64) -> Option<usize> {
 /// ELF symbol table. DWARF built with `debug = "line-tables-only"` names functions without
 /// their linkage name (`make_vec`, not `app::work::make_vec`); the symbol table's name of the
 /// function holding the address is used instead when it is the same function, fully qualified.
-pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
+pub fn symbolize(
+    modules: &[Module],
+    jit: &crate::perfmap::JitSymbols,
+    addrs: &[u64],
+) -> HashMap<u64, Resolved> {
     let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
     for &a in addrs {
@@ -83,7 +88,10 @@ pub fn symbolize(modules: &[Module], addrs: &[u64]) -> HashMap<u64, Resolved> {
             a,
             Resolved {
                 module: m,
-                frames: Vec::new(),
+                frames: match m {
+                    None => jit.lookup(a).into_iter().collect(),
+                    Some(_) => Vec::new(),
+                },
             },
         );
         if let Some(m) = m {

@@ -26,7 +26,8 @@
 //! handler ran (another TLS destructor) walks by frame pointers instead of making a new one.
 //!
 //! Code with no CFI (generated code, objects without `.eh_frame_hdr`) is unwound as if it kept
-//! frame pointers. CFI that is not of the simple forms above (DWARF expressions, as in signal
+//! frame pointers, except CPython's perf trampolines (`-X perf`), recognised by their code
+//! bytes and stepped over (see [`trampoline_rule`]). CFI that is not of the simple forms above (DWARF expressions, as in signal
 //! trampolines) ends the stack trace there.
 
 use gimli::{
@@ -421,8 +422,13 @@ fn compute(
     missed: &mut bool,
 ) -> Rule {
     let Some(o) = objects.find(key) else {
-        // In no known object: the list may be stale (see `take_stale`).
+        if let Some(rule) = trampoline_rule(key) {
+            return rule;
+        }
+        // In no known object: the list may be stale (see `take_stale`), or the code is
+        // generated or in a mapping the loader does not report.
         *missed = true;
+        crate::modules::note_unknown_code();
         return RULE_FRAME_POINTER;
     };
     let Some(table) = o.hdr.table() else {
@@ -432,6 +438,60 @@ fn compute(
         Ok(row) => rule_of(row),
         Err(_) => RULE_FRAME_POINTER,
     }
+}
+
+/// CPython's perf trampoline as built from the old x86-64 template (`Python/asm_trampoline.S`
+/// up to 3.13.0): `sub $8,%rsp; call *%rcx; add $8,%rsp; ret`. No frame pointer and no CFI.
+const TRAMPOLINE_OLD: [u8; 11] = [
+    0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+];
+/// Offset of the return address (after `call *%rcx`) in [`TRAMPOLINE_OLD`].
+const TRAMPOLINE_OLD_RET: usize = 6;
+/// The current template (`asm_trampoline_x86_64.S`): `push %rbp; mov %rsp,%rbp; call *%rcx;
+/// pop %rbp; ret`, which keeps a frame pointer.
+const TRAMPOLINE_NEW: [u8; 8] = [0x55, 0x48, 0x89, 0xe5, 0xff, 0xd1, 0x5d, 0xc3];
+/// Offset of the return address in [`TRAMPOLINE_NEW`].
+const TRAMPOLINE_NEW_RET: usize = 6;
+
+/// The rule of the old-template trampoline's frame: on entry `rsp` points at the return
+/// address; after `sub $8` it is 8 lower, so in the frame CFA = rsp + 16, the return address
+/// at CFA − 8, `rbp` untouched.
+const RULE_TRAMPOLINE_OLD: Rule = Rule {
+    cfa_offset: 16,
+    bp_offset: 0,
+    kind: CFA_SP,
+    bp: BP_SAME,
+};
+
+/// The rule of a frame whose code address `key` (a return address − 1) lies in no loaded
+/// object, when that code is a copy of CPython's perf trampoline (`-X perf`, `-X perf_jit`,
+/// `PYTHONPERFSUPPORT=1`: one copy per Python function, in anonymous executable mappings):
+/// [`RULE_TRAMPOLINE_OLD`] or, for the current template, [`RULE_FRAME_POINTER`]. `None` for
+/// any other code.
+///
+/// The code bytes around the return address are read through the kernel
+/// ([`crate::unwind::read_checked`]: an address from a walk through garbage, or a mapping
+/// without read permission, makes the read fail instead of faulting). One system call; the
+/// caller caches the rule per code address.
+#[cold]
+fn trampoline_rule(key: u64) -> Option<Rule> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    // Both templates put the return address 6 bytes after their start.
+    const _: () = assert!(TRAMPOLINE_OLD_RET == TRAMPOLINE_NEW_RET);
+    let start = (key.checked_add(1)? as usize).checked_sub(TRAMPOLINE_OLD_RET)?;
+    let mut code = [0u8; TRAMPOLINE_OLD.len()];
+    if crate::unwind::read_checked(start, &mut code) {
+        if code == TRAMPOLINE_OLD {
+            return Some(RULE_TRAMPOLINE_OLD);
+        }
+        return (code[..TRAMPOLINE_NEW.len()] == TRAMPOLINE_NEW).then_some(RULE_FRAME_POINTER);
+    }
+    // The longer read may run into an unreadable page after a new-template copy.
+    let mut code = [0u8; TRAMPOLINE_NEW.len()];
+    (crate::unwind::read_checked(start, &mut code) && code == TRAMPOLINE_NEW)
+        .then_some(RULE_FRAME_POINTER)
 }
 
 /// Reduces a CFI row to a [`Rule`] ([`RULE_STOP`] when it is not of a supported form).
@@ -786,6 +846,122 @@ mod tests {
         } else {
             std::hint::black_box(nested(std::hint::black_box(depth - 1)))
         }
+    }
+
+    /// What the walk inside [`through_trampoline`] saw: frames and how many.
+    static mut SEEN: ([u64; MAX_FRAMES], usize) = ([0; MAX_FRAMES], 0);
+
+    /// Called by a trampoline copy; walks from here (CFI, from this function's registers).
+    #[inline(never)]
+    extern "C" fn walk_here(_a: usize, _b: usize, _c: usize) {
+        let (pc, sp) = crate::here!();
+        let bp = crate::frame_pointer!() as u64;
+        let hi = crate::unwind::current_stack_bounds(false).1;
+        let c = new_cache();
+        assert!(!c.is_null());
+        let mut out = [0u64; MAX_FRAMES];
+        // SAFETY: fresh cache, used only here and freed below.
+        let n = walk_from(pc, sp, bp, hi, unsafe { &mut *c }, &mut out);
+        // SAFETY: from new_cache, not used again.
+        unsafe { free_cache(c) };
+        // SAFETY: only this test's thread writes SEEN, before the test reads it.
+        unsafe { SEEN = (out, n) };
+    }
+
+    /// Copies `template` into a fresh executable mapping and calls `walk_here` through it
+    /// (the trampoline calls `*%rcx`, the fourth argument); returns the copy's address and
+    /// the return address into this function.
+    #[inline(never)]
+    fn through_trampoline(template: &[u8]) -> (u64, [u64; MAX_FRAMES], usize) {
+        // SAFETY: a fresh anonymous mapping, written then made executable, unmapped below;
+        // the code is a complete function of the C ABI (it calls its fourth argument with
+        // the first three and returns).
+        unsafe {
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            // Not at the start of the page, as copies in CPython's arenas are not.
+            let at = (m as *mut u8).add(11 * 7);
+            std::ptr::copy_nonoverlapping(template.as_ptr(), at, template.len());
+            assert_eq!(
+                libc::mprotect(m, 4096, libc::PROT_READ | libc::PROT_EXEC),
+                0
+            );
+            let f: extern "C" fn(usize, usize, usize, extern "C" fn(usize, usize, usize)) =
+                std::mem::transmute(at);
+            f(1, 2, 3, walk_here);
+            std::hint::black_box(());
+            libc::munmap(m, 4096);
+            let (out, n) = SEEN;
+            (at as u64, out, n)
+        }
+    }
+
+    #[inline(never)]
+    fn check_trampoline(template: &[u8]) {
+        rebuild();
+        let (at, frames, n) = std::thread::spawn({
+            let t = template.to_vec();
+            move || through_trampoline(&t)
+        })
+        .join()
+        .unwrap();
+        let frames = &frames[..n];
+        // walk_here's caller is the trampoline copy (return address at +6); the next frame is
+        // in through_trampoline, and the walk goes on to the thread's start.
+        let i = frames
+            .iter()
+            .position(|&f| f == at + 6)
+            .unwrap_or_else(|| panic!("no return into the trampoline at {at:#x}: {frames:x?}"));
+        assert_eq!(i, 0, "{frames:x?}");
+        assert!(
+            n >= 4,
+            "the walk stopped at or just after the trampoline: {frames:x?}"
+        );
+        let f = through_trampoline as *const () as u64;
+        assert!(
+            frames[1] > f && frames[1] < f + 4096,
+            "frame after the trampoline is not in through_trampoline ({f:#x}): {frames:x?}"
+        );
+    }
+
+    #[test]
+    fn steps_over_old_python_trampoline() {
+        check_trampoline(&TRAMPOLINE_OLD);
+    }
+
+    #[test]
+    fn steps_over_new_python_trampoline() {
+        check_trampoline(&TRAMPOLINE_NEW);
+    }
+
+    #[test]
+    fn trampoline_rule_only_for_the_template() {
+        assert_eq!(trampoline_rule(5), None);
+        // This function's own code is not a trampoline.
+        let f = trampoline_rule_only_for_the_template as *const () as u64;
+        assert_eq!(trampoline_rule(f + 5), None);
+        // An unmapped page reads as nothing.
+        // SAFETY: map then unmap one page; only its address is used afterwards.
+        let gone = unsafe {
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            libc::munmap(m, 4096);
+            m as u64
+        };
+        assert_eq!(trampoline_rule(gone + 5), None);
     }
 
     #[test]

@@ -574,6 +574,8 @@ pub fn exit_cleanup() {
         return;
     }
     if g.settings.keep {
+        // Mappings made since the last scan (a JIT's), for the post-mortem snapshot.
+        crate::modules::add_mappings(&g.writer);
         g.writer.set_state(STATE_EXITED);
     } else {
         // SAFETY: the path is NUL-terminated; the mapping stays valid after the unlink.
@@ -609,6 +611,7 @@ pub fn tick(g: &Global, t: &Tls, slot: u32) {
     t.ops.set(n);
     if n.is_multiple_of(1024) {
         g.writer.update_peak();
+        crate::modules::maybe_add_mappings(&g.writer);
         if slot != ORPHAN_SLOT && n.is_multiple_of(65536) {
             g.writer.set_thread_name(slot, &thread_name());
         }

@@ -82,6 +82,14 @@ impl SpinLock {
         }
     }
 
+    /// Takes the lock if it is free; false (and nothing taken) when it is held.
+    #[inline]
+    pub fn try_lock(&self) -> bool {
+        self.0
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Releases the lock.
     #[inline]
     pub fn unlock(&self) {
