@@ -28,6 +28,7 @@ pub mod hooks;
 mod index;
 mod modules;
 mod nodes;
+pub mod python;
 mod region;
 mod stacks;
 pub mod state;

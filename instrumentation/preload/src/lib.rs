@@ -251,6 +251,7 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
             rebind_deepbound();
         }
         heapdump_instrumentation::refresh_modules();
+        heapdump_instrumentation::python::detect();
     }
     h
 }
@@ -422,6 +423,7 @@ extern "C" fn constructor() {
     heapdump_instrumentation::init();
     heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();
+    heapdump_instrumentation::python::detect();
 }
 
 #[used]
