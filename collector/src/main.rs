@@ -19,6 +19,7 @@ mod parca;
 mod pprof;
 mod priority;
 mod push;
+mod python;
 mod regions;
 mod snapshot;
 mod spool;
@@ -1008,7 +1009,7 @@ fn stack_names(
         .collect();
     addrs.sort_unstable();
     addrs.dedup();
-    let resolved = symbolize::symbolize(&c.modules, &addrs);
+    let resolved = python::resolve(&c.modules, &c.python, &addrs, true);
     let mut out = std::collections::HashMap::new();
     for s in stacks {
         let Some(frames) = c.stacks.get(&s) else {

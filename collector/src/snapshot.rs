@@ -31,6 +31,8 @@ pub struct Collected {
     pub threads: Vec<ThreadInfo>,
     /// Module table.
     pub modules: Vec<Module>,
+    /// The Python code records the stacks name.
+    pub python: crate::python::Codes,
     /// What the snapshot is of, when not simply "now" (a named snapshot, born since …): lines
     /// for the profile's comments.
     pub notes: Vec<String>,
@@ -221,6 +223,7 @@ pub fn collect_at(
         }
     }
     let threads = region.threads();
+    let python = crate::python::Codes::read(&region, stacks.values());
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
     }
@@ -235,6 +238,7 @@ pub fn collect_at(
         blocks,
         threads,
         modules,
+        python,
         notes: moment.notes.clone(),
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
     })
