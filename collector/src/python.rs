@@ -9,7 +9,7 @@
 
 use crate::symbolize::{self, Frame, Resolved};
 use std::collections::HashMap;
-use vmo_layout::v1::PYTHON_FRAME;
+use vmo_layout::v1::{PYTHON_EVAL_FRAME, PYTHON_FRAME};
 use vmo_layout::{Module, PythonCode, Region};
 
 /// The Python code records a set of stacks names, by record index.
@@ -72,10 +72,22 @@ pub fn resolve(
     addrs: &[u64],
     symbolize: bool,
 ) -> HashMap<u64, Resolved> {
-    let (py, native): (Vec<u64>, Vec<u64>) = addrs
+    let (py, tagged): (Vec<u64>, Vec<u64>) = addrs
         .iter()
         .partition(|&&a| a.wrapping_add(1) & PYTHON_FRAME != 0);
-    let mut out = if symbolize {
+    // Eval-loop frames with Python frames below them: resolved as their plain address, then
+    // cut to the outermost function.
+    let plain = |a: u64| {
+        if a.wrapping_add(1) & PYTHON_EVAL_FRAME != 0 {
+            a & !PYTHON_EVAL_FRAME
+        } else {
+            a
+        }
+    };
+    let mut native: Vec<u64> = tagged.iter().map(|&a| plain(a)).collect();
+    native.sort_unstable();
+    native.dedup();
+    let by_plain = if symbolize {
         symbolize::symbolize(modules, &native)
     } else {
         native
@@ -91,6 +103,18 @@ pub fn resolve(
             })
             .collect()
     };
+    let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
+    for a in tagged {
+        let Some(r) = by_plain.get(&plain(a)) else {
+            continue;
+        };
+        let mut r = r.clone();
+        if a != plain(a) {
+            let outer = r.frames.pop();
+            r.frames = outer.into_iter().collect();
+        }
+        out.insert(a, r);
+    }
     for a in py {
         out.insert(
             a,

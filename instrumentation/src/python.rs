@@ -31,7 +31,8 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use vmo_layout::v1::{
-    MAX_FRAMES, PYTHON_FRAME, PYTHON_RECORD_MAX_WORDS, PYTHON_RECORD_PUBLISHED, PYTHON_RECORD_WORDS,
+    MAX_FRAMES, PYTHON_EVAL_FRAME, PYTHON_FRAME, PYTHON_RECORD_MAX_WORDS, PYTHON_RECORD_PUBLISHED,
+    PYTHON_RECORD_WORDS,
 };
 
 /// [`STATE`]: not looked for yet.
@@ -491,42 +492,64 @@ fn splice_active(g: &Global, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize 
     let mut out = first_eval;
     let mut visits = 0;
     for &pc in &native[first_eval..n] {
+        let mut pc = pc;
+        if in_eval(pc) {
+            let before = out;
+            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+            if out > before {
+                pc |= PYTHON_EVAL_FRAME;
+            }
+        }
         if out == MAX_FRAMES {
             break;
         }
         frames[out] = pc;
         out += 1;
-        if !in_eval(pc) {
-            continue;
-        }
-        // The Python frames of this run of the eval loop, innermost first.
-        while plausible(f) && visits < MAX_VISITS {
-            visits += 1;
-            // SAFETY: `f` is a frame of this thread's chain (checked plausible): its fields
+    }
+    out
+}
+
+/// Appends to `frames[..*out]` the Python frames of the run of the eval loop whose innermost
+/// frame is `*f` (innermost first: they are the callees of the native frame of that run), and
+/// leaves `*f` at the innermost frame of the next run out.
+fn run_frames(
+    g: &Global,
+    py: &Py,
+    f: &mut usize,
+    visits: &mut usize,
+    frames: &mut [u64; MAX_FRAMES],
+    out: &mut usize,
+) {
+    let o = &py.off;
+    {
+        let (f, visits, out) = (f, visits, out);
+        while plausible(*f) && *visits < MAX_VISITS {
+            *visits += 1;
+            let cur = *f;
+            // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
             // are those of its version.
-            let (owner, prev) = unsafe { (*((f + o.f_owner) as *const u8), rd(f, o.f_previous)) };
+            let (owner, prev) =
+                unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
+            *f = prev;
             if o.f_is_entry.is_none() && owner == OWNED_BY_CSTACK {
                 // 3.12+: the shim frame under the first frame of this run.
-                f = prev;
                 break;
             }
             // SAFETY: as above.
             let entry = o
                 .f_is_entry
-                .is_some_and(|e| unsafe { *((f + e) as *const u8) } != 0);
-            if out < MAX_FRAMES {
-                if let Some(v) = python_frame(g, py, f) {
-                    frames[out] = v;
-                    out += 1;
+                .is_some_and(|e| unsafe { *((cur + e) as *const u8) } != 0);
+            if *out < MAX_FRAMES {
+                if let Some(v) = python_frame(g, py, cur) {
+                    frames[*out] = v;
+                    *out += 1;
                 }
             }
-            f = prev;
             if entry {
                 break;
             }
         }
     }
-    out
 }
 
 /// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.

@@ -259,7 +259,7 @@ pub const FLAG_PYTHON_FRAMES: u32 = 4;
 /// of the instruction executing (in 2-byte code units from the start of the code object's
 /// bytecode; `u32::MAX`: unknown). Frames are stored leaf first like return addresses, the
 /// Python frames of one run of the eval loop just below (callee side of) the native frame of
-/// that run (`_PyEval_EvalFrameDefault`).
+/// that run (`_PyEval_EvalFrameDefault`, marked [`PYTHON_EVAL_FRAME`]).
 ///
 /// A code record is `PYTHON_RECORD_WORDS` header words, then the bytes of the qualified name,
 /// the file name and the line table (`co_linetable`, CPython's `Objects/locations.md` format,
@@ -273,6 +273,12 @@ pub const FLAG_PYTHON_FRAMES: u32 = 4;
 /// * word 3: the line table's length in bytes (bits 0..32), the CPython minor version
 ///   (bits 32..40), flags (bits 40..48: bit 0, the line table was truncated).
 pub const PYTHON_FRAME: u64 = 1 << 63;
+/// A stack frame with this bit set (and [`PYTHON_FRAME`] clear) is a return address into
+/// CPython's eval loop (`_PyEval_EvalFrameDefault`) whose Python frames were spliced in just
+/// before it (leafward): the address is the frame without this bit, and of the functions it
+/// symbolizes to only the outermost is shown (code the compiler inlined into the eval loop
+/// runs on behalf of the innermost Python frame, which now stands for it).
+pub const PYTHON_EVAL_FRAME: u64 = 1 << 62;
 /// Header words of a Python code record (see [`PYTHON_FRAME`]).
 pub const PYTHON_RECORD_WORDS: u64 = 4;
 /// Word 0 bit of a complete Python code record.
