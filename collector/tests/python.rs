@@ -48,13 +48,12 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
 }
 
 /// One sample: its frames (innermost first), whether each is a Python frame, its live blocks
-/// and bytes, and its thread label.
+/// and its thread label.
 #[derive(Debug)]
 struct Stack {
     /// (function, file, line, is Python).
     frames: Vec<(String, String, i64, bool)>,
     blocks: i64,
-    bytes: i64,
     thread: String,
 }
 
@@ -113,7 +112,6 @@ fn stacks(p: &heapdump_proto::Profile) -> Vec<Stack> {
             Stack {
                 frames,
                 blocks: smp.value[2],
-                bytes: smp.value[3],
                 thread,
             }
         })

@@ -171,7 +171,7 @@ fn find() -> Option<Py> {
         return None;
     }
     // SAFETY: `Py_Version` is CPython's `const unsigned long` (3.11+).
-    let v = unsafe { *(version as *const std::ffi::c_ulong) } as u64;
+    let v: u64 = unsafe { *(version as *const std::ffi::c_ulong) };
     let (major, minor) = ((v >> 24) & 0xff, ((v >> 16) & 0xff) as u8);
     if major != 3 {
         return None;
@@ -217,6 +217,7 @@ fn find() -> Option<Py> {
     };
     let f = |name: &std::ffi::CStr| Some(sym(name)).filter(|&a| a != 0);
     let eval = f(c"_PyEval_EvalFrameDefault")?;
+    // SAFETY: Dl_info is plain data (pointers), valid when zeroed.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let mut extra: *mut c_void = std::ptr::null_mut();
     // SAFETY: dladdr1 fills `info` and points `extra` at the ELF symbol of `eval`.
@@ -229,16 +230,19 @@ fn find() -> Option<Py> {
     if size == 0 {
         return None;
     }
+    type Allocator = unsafe extern "C" fn(c_int, *mut PyMemAllocatorEx);
+    type Flag = unsafe extern "C" fn() -> c_int;
+    type ThreadState = unsafe extern "C" fn() -> *mut c_void;
     // SAFETY: each address is the named CPython function, whose C signature is the one
     // transmuted to (Include/pymem.h, pylifecycle.h, pystate.h).
     unsafe {
         Some(Py {
             minor,
-            get_allocator: std::mem::transmute::<usize, _>(f(c"PyMem_GetAllocator")?),
-            set_allocator: std::mem::transmute::<usize, _>(f(c"PyMem_SetAllocator")?),
-            is_initialized: std::mem::transmute::<usize, _>(f(c"Py_IsInitialized")?),
-            gil_check: std::mem::transmute::<usize, _>(f(c"PyGILState_Check")?),
-            this_thread_state: std::mem::transmute::<usize, _>(f(
+            get_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_GetAllocator")?),
+            set_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_SetAllocator")?),
+            is_initialized: std::mem::transmute::<usize, Flag>(f(c"Py_IsInitialized")?),
+            gil_check: std::mem::transmute::<usize, Flag>(f(c"PyGILState_Check")?),
+            this_thread_state: std::mem::transmute::<usize, ThreadState>(f(
                 c"PyGILState_GetThisThreadState",
             )?),
             eval_lo: eval as u64,
@@ -427,7 +431,7 @@ const MAX_VISITS: usize = 1024;
 
 #[inline(always)]
 fn plausible(p: usize) -> bool {
-    p >= 4096 && p < (1 << 47) && p.is_multiple_of(8)
+    (4096..(1 << 47)).contains(&p) && p.is_multiple_of(8)
 }
 
 /// Reads a word of interpreter memory at `p + off`.
