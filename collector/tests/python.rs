@@ -48,12 +48,13 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
 }
 
 /// One sample: its frames (innermost first), whether each is a Python frame, its live blocks
-/// and its thread label.
+/// and bytes, and its thread label.
 #[derive(Debug)]
 struct Stack {
     /// (function, file, line, is Python).
     frames: Vec<(String, String, i64, bool)>,
     blocks: i64,
+    bytes: i64,
     thread: String,
 }
 
@@ -112,6 +113,7 @@ fn stacks(p: &heapdump_proto::Profile) -> Vec<Stack> {
             Stack {
                 frames,
                 blocks: smp.value[2],
+                bytes: smp.value[3],
                 thread,
             }
         })
@@ -444,6 +446,59 @@ fn python_then_c_extension_then_malloc() {
             assert!(g < eval, "{label}: {s:#?}");
         }
         assert_eq!(r.finish(), 0);
+    }
+}
+
+const LARGE: &str = r#"import os, sys
+def big():
+    out = []
+    for i in range(1000):
+        out.append(bytes(10000 + i % 7))
+    return out
+held = big()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// An object too large for pymalloc (the OBJ domain passes it to `malloc`) is one block, not
+/// two: exactly 1,000 blocks of 10,000 bytes or more under `big`, each of its exact size
+/// (`bytes` header + payload + NUL), with pymalloc and with `PYTHONMALLOC=malloc`.
+#[test]
+fn large_objects_recorded_once() {
+    for (label, py) in pythons("large_objects_recorded_once") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-large");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("large.py");
+            std::fs::write(&script, LARGE).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let large: Vec<&Stack> = st
+                .iter()
+                .filter(|s| {
+                    s.blocks > 0 && s.bytes / s.blocks >= 10_000 && s.chain().contains(&"big")
+                })
+                .collect();
+            let n: i64 = large.iter().map(|s| s.blocks).sum();
+            let bytes: i64 = large.iter().map(|s| s.bytes).sum();
+            // PyBytesObject: 32 bytes of header and the payload's NUL.
+            let want: i64 = (0..1000).map(|i| 10_000 + i % 7 + 33).sum();
+            assert_eq!(
+                (n, bytes),
+                (1000, want),
+                "{label}, PYTHONMALLOC=malloc {malloc}"
+            );
+            assert!(
+                large.iter().all(|s| s.starts_with(&["big", "<module>"])),
+                "{label}: {large:#?}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
     }
 }
 
