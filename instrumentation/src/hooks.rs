@@ -144,7 +144,7 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, hi, frames);
-    let n = crate::python::splice(g, frames, n);
+    let n = crate::python::splice(g, t, frames, n);
     intern(g, t, &frames[..n])
 }
 

@@ -26,7 +26,7 @@
 //! must have `PyCode_Type` as its type, strings `PyUnicode_Type`, line tables `PyBytes_Type`,
 //! and every loop is bounded.
 
-use crate::state::{self, Global};
+use crate::state::{self, Global, Tls};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
@@ -303,6 +303,20 @@ fn debug_offsets(version: u64) -> Option<Offsets> {
     all.iter().all(|&x| x < 4096).then_some(o)
 }
 
+/// After a `dlclose`: when the interpreter's code is no longer mapped (an embedding program
+/// unloaded `libpython`), stop calling into it. Call where the loader lock may be taken.
+pub fn forget_if_unloaded() {
+    let Some(py) = py() else { return };
+    // SAFETY: a zeroed Dl_info is a valid out-parameter; dladdr only reads the loader's list.
+    let mapped = unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        libc::dladdr(py.is_initialized as *const c_void, &mut info) != 0
+    };
+    if !mapped {
+        STATE.store(ABSENT, Ordering::Release);
+    }
+}
+
 /// Wraps the interpreter's allocators once it is ready (see the module documentation); a
 /// relaxed load when there is nothing to do.
 #[inline]
@@ -448,15 +462,15 @@ unsafe fn rd(p: usize, off: usize) -> usize {
 /// leaf first) after each frame of `_PyEval_EvalFrameDefault`; returns the new depth (at most
 /// [`MAX_FRAMES`]; the root side is cut). A no-op unless the allocators are wrapped.
 #[inline]
-pub(crate) fn splice(g: &Global, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
+pub(crate) fn splice(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
     if STATE.load(Ordering::Relaxed) != ACTIVE {
         return n;
     }
-    splice_active(g, frames, n)
+    splice_active(g, t, frames, n)
 }
 
 #[inline(never)]
-fn splice_active(g: &Global, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
+fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
     let Some(py) = py() else { return n };
     // Only stacks through the eval loop have Python frames.
     let n = n.min(MAX_FRAMES);
@@ -483,7 +497,11 @@ fn splice_active(g: &Global, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize 
         match o.cframe {
             Some(cf) => {
                 let c = rd(ts, cf);
-                if !plausible(c) {
+                // The thread's `_PyCFrame`: the root one inside its thread state, or the one
+                // of an eval loop on its stack. Anything else means offsets that do not fit
+                // this build: no Python frames rather than a wild read.
+                let on_stack = c >= t.stack_lo.get() && c < t.stack_hi.get();
+                if !plausible(c) || !(on_stack || (c >= ts && c < ts + 4096)) {
                     return n;
                 }
                 rd(c, o.current_frame)

@@ -341,6 +341,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle)
     };
     heapdump_instrumentation::refresh_modules();
+    heapdump_instrumentation::python::forget_if_unloaded();
     r
 }
 
