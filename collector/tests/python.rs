@@ -518,3 +518,24 @@ fn c_program_has_no_python_frames() {
     assert!(p.location.iter().all(|l| l.address >> 63 == 0));
     assert_eq!(r.finish(), 0);
 }
+
+/// Looking for CPython in a program that is not Python leaves no error for `dlerror()` to
+/// report (`examples/c/dlerror_clean.c` exits 1 with the message otherwise).
+#[test]
+fn detection_leaves_dlerror_clean() {
+    if !can_run("detection_leaves_dlerror_clean") {
+        return;
+    }
+    let exe = compile_c("dlerror_clean", &["-ldl"]);
+    let dir = region_dir("python-dlerror");
+    let out = Command::new(&exe)
+        .env("LD_PRELOAD", shim())
+        .env("HEAPDUMP_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

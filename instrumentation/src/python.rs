@@ -137,7 +137,13 @@ const RTLD_DL_SYMENT: c_int = 1;
 
 fn sym(name: &std::ffi::CStr) -> usize {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the global scope.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+    let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize };
+    if a == 0 {
+        // A program that reads dlerror() without clearing it first must not see our lookup.
+        // SAFETY: dlerror has no preconditions; it clears the thread's error state.
+        unsafe { libc::dlerror() };
+    }
+    a
 }
 
 /// Looks for a supported CPython in the process (see the module documentation). Call where
