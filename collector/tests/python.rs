@@ -539,3 +539,37 @@ fn detection_leaves_dlerror_clean() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// With `-X perf` (3.12+) each Python call runs through a trampoline without unwind
+/// information, where the native walk may end: the Python frames of the outer runs are still
+/// there, on the root side (`build ← caller ← <module>`).
+#[test]
+fn perf_trampolines_keep_the_python_chain() {
+    let mut ran = false;
+    for (label, py) in pythons("perf_trampolines_keep_the_python_chain") {
+        if label.ends_with("3.11") {
+            continue;
+        }
+        ran = true;
+        let dir = region_dir("python-perf");
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("perf.py");
+        std::fs::write(&script, OBJECTS).unwrap();
+        let mut cmd = Command::new(&py);
+        cmd.arg("-X").arg("perf").arg(&script);
+        let r = start(cmd, &dir, true);
+        let pid = r.pid();
+        let st = stacks(&decode(&snapshot(&dir, pid, &[])));
+        let n = sum(&st, |s| s.starts_with(&["build", "caller", "<module>"]));
+        assert!(
+            n >= 200_000,
+            "{label}: {n} blocks under build ← caller ← <module>"
+        );
+        assert_eq!(r.finish(), 0);
+        // The interpreter's perf map.
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
+    if !ran {
+        println!("skipped: perf_trampolines_keep_the_python_chain: no CPython 3.12 or 3.13");
+    }
+}

@@ -534,6 +534,14 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
         frames[out] = pc;
         out += 1;
     }
+    // The native walk ended before the outer runs of the eval loop (at code without unwind
+    // information, such as `-X perf`'s trampolines): their Python frames go on the root
+    // side, without the native frames between them, as memray and py-spy do.
+    if n < MAX_FRAMES {
+        while out < MAX_FRAMES && plausible(f) && visits < MAX_VISITS {
+            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+        }
+    }
     out
 }
 
