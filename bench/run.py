@@ -19,8 +19,11 @@ What it does, in order:
    call paths 2–24 frames deep, 10,000 live blocks per thread) against the same peers, with
    the operation phase's throughput; and bench/phases.c (8 threads allocating 500,000 blocks
    each without freeing, then freeing them all) for bare glibc and heapdump.
-4. CPython workload (bench/py_workload.py, PYTHONMALLOC=malloc, Debian's /usr/bin/python3):
-   baseline vs heapdump (both unwinders) vs heaptrack, same table.
+4. CPython workload (bench/py_workload.py, Debian's /usr/bin/python3, default pymalloc):
+   baseline vs heapdump (every object with Python and native frames, no flag) vs memray
+   (pip, in a venv under target/bench: `memray run --trace-python-allocators`, every object
+   with Python frames only) vs heaptrack and heapdump with PYTHONMALLOC=malloc (what they
+   need to see every object), same table.
 5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
    heapdump; `heapdump snapshot` time and peak RSS, with and without --with-tags; region bytes
    per block; the target's RSS with and without the shim.
@@ -74,6 +77,9 @@ BENCH_SRC = os.path.join(REPO, "bench")
 BUILD_DIR = os.path.join(REPO, "target", "bench")
 SHIM = os.path.join(REPO, "target", "release", "libheapdump.so")
 HEAPDUMP = os.path.join(REPO, "target", "release", "heapdump")
+# memray's venv (made by section_python with the Python under test, `pip install memray`).
+MEMRAY_VENV = os.path.join(REPO, "target", "bench", "memray-venv")
+MEMRAY_PY = os.path.join(MEMRAY_VENV, "bin", "python")
 
 CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"]
 SAMPLE_INTERVAL = 524288  # 512 KiB, for "heapdump sampled" and "jemalloc prof 512 KiB"
@@ -275,8 +281,21 @@ def make_peers(jemalloc):
             return argv, e
         return wrap
 
+    def py_malloc(wrap):
+        def w(argv, env, tmp):
+            return wrap(argv, dict(env, PYTHONMALLOC="malloc"), tmp)
+        return w
+
+    def memray(argv, env, tmp):
+        # argv is [python, script, args…]: the venv's interpreter runs memray on the script.
+        return ([MEMRAY_PY, "-m", "memray", "run", "--trace-python-allocators", "-q", "-o",
+                 os.path.join(tmp, "memray.bin")] + list(argv[1:]), env)
+
     return {
         "baseline": Peer("baseline (glibc)", baseline),
+        "memray": Peer("memray --trace-python-allocators (Python frames only)", memray),
+        "heapdump-pymalloc-off": Peer("heapdump, PYTHONMALLOC=malloc", py_malloc(heapdump)),
+        "heaptrack-pymalloc-off": Peer("heaptrack, PYTHONMALLOC=malloc", py_malloc(heaptrack)),
         "heapdump": Peer("heapdump", heapdump),
         "heapdump-fp": Peer("heapdump, HEAPDUMP_UNWIND=fp", heapdump_fp),
         "heapdump-sampled": Peer("heapdump sampled 512 KiB", heapdump_sampled),
@@ -587,11 +606,8 @@ def measure_peer(peer, argv, args):
 
 
 def base_env_for(argv):
-    """The base environment; CPython runs get PYTHONMALLOC=malloc (every object via malloc)."""
-    env = base_env()
-    if argv and "python" in os.path.basename(argv[0]):
-        env["PYTHONMALLOC"] = "malloc"
-    return env
+    """The base environment (CPython keeps its default allocator, pymalloc)."""
+    return base_env()
 
 
 def ab_rounds(configs, peer_keys, peers, args, label):
@@ -914,6 +930,25 @@ def section_c(args, exes, peers, threads, c_keys):
     return out
 
 
+def setup_memray(py, peer):
+    """memray in a venv of `py` (made once, `pip install memray`); marks `peer` unavailable
+    with the reason when that fails."""
+    try:
+        if not os.path.exists(MEMRAY_PY):
+            subprocess.run([py, "-m", "venv", MEMRAY_VENV], check=True, capture_output=True,
+                           timeout=300)
+        r = subprocess.run([MEMRAY_PY, "-m", "memray", "--version"], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run([MEMRAY_PY, "-m", "pip", "install", "-q", "memray"], check=True,
+                           capture_output=True, timeout=600)
+            r = subprocess.run([MEMRAY_PY, "-m", "memray", "--version"], capture_output=True,
+                               check=True)
+        peer.note = "memray " + r.stdout.decode().strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        peer.available = False
+        peer.skip_reason = f"memray could not be installed in {MEMRAY_VENV}: {_tail(str(e))}"
+
+
 def section_python(args, peers):
     """CPython under baseline, heapdump (CFI and frame-pointer unwinding) and heaptrack."""
     py = find_debian_python()
@@ -922,12 +957,17 @@ def section_python(args, peers):
         if msg:
             log(msg)
         py = find_debian_python()
-    out = [f"## CPython workload (bench/py_workload.py {args.py_iters}, PYTHONMALLOC=malloc, "
-           f"{py or 'no Debian python3'}, {args.rounds} rounds)", ""]
+    out = [f"## CPython workload (bench/py_workload.py {args.py_iters}, "
+           f"{py or 'no Debian python3'}, pymalloc unless noted, {args.rounds} rounds)", ""]
     if not py:
         return out + ["skipped: Debian's /usr/bin/python3 is missing (apt-get install python3)",
                       ""]
-    py_keys = ["baseline", "heapdump", "heapdump-fp", "heaptrack"]
+    setup_memray(py, peers["memray"])
+    for k in ("heaptrack-pymalloc-off",):
+        peers[k].available = peers["heaptrack"].available
+        peers[k].skip_reason = peers["heaptrack"].skip_reason
+    py_keys = ["baseline", "heapdump", "memray", "heapdump-pymalloc-off",
+               "heaptrack-pymalloc-off"]
     configs = [("1", [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters)])]
     pairs = ab_rounds(configs, py_keys, peers, args, "Python")
     table, notes = overhead_table(pairs, configs, py_keys, peers)

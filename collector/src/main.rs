@@ -23,6 +23,7 @@ mod perfmap;
 mod pprof;
 mod priority;
 mod push;
+mod python;
 mod regions;
 mod snapshot;
 mod spool;
@@ -1136,7 +1137,7 @@ fn stack_names(
         .collect();
     addrs.sort_unstable();
     addrs.dedup();
-    let resolved = symbolize::symbolize(&c.modules, &c.jit, &addrs);
+    let resolved = python::resolve(&c.modules, &c.jit, &c.python, &addrs, true);
     let mut out = std::collections::HashMap::new();
     for s in stacks {
         let Some(frames) = c.stacks.get(&s) else {

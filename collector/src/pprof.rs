@@ -7,7 +7,7 @@
 //! `string_table[0] == ""`; ids from 1; locations at the call instruction (return address − 1).
 
 use crate::snapshot::Collected;
-use crate::symbolize::{module_of, symbolize, Resolved};
+use crate::symbolize::Resolved;
 use heapdump_proto as pb;
 use std::collections::HashMap;
 
@@ -125,22 +125,8 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         .collect();
     addrs.sort_unstable();
     addrs.dedup();
-    let resolved: HashMap<u64, Resolved> = if opts.symbolize {
-        symbolize(&c.modules, &c.jit, &addrs)
-    } else {
-        addrs
-            .iter()
-            .map(|&a| {
-                (
-                    a,
-                    Resolved {
-                        module: module_of(&c.modules, a),
-                        frames: Vec::new(),
-                    },
-                )
-            })
-            .collect()
-    };
+    let resolved: HashMap<u64, Resolved> =
+        crate::python::resolve(&c.modules, &c.jit, &c.python, &addrs, opts.symbolize);
 
     // Mappings: the main executable first, then modules in table order.
     let mut order: Vec<usize> = (0..c.modules.len()).collect();
@@ -198,10 +184,18 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             let key = (f.function.clone(), f.file.clone());
             let next = fn_id.len() as u64 + 1;
             let fid = *fn_id.entry(key).or_insert_with(|| {
+                // A Python function's system name is the one CPython's perf maps give it
+                // (`py::QUALNAME:FILE`): pprof takes a name equal to its system name for a
+                // linkage name to demangle, and would cut `<module>` to nothing.
+                let system = if a.wrapping_add(1) & vmo_layout::v1::PYTHON_FRAME != 0 {
+                    format!("py::{}:{}", f.function, f.file)
+                } else {
+                    f.function.clone()
+                };
                 p.function.push(pb::Function {
                     id: next,
                     name: s.id(&f.function),
-                    system_name: s.id(system_name.unwrap_or(&f.function)),
+                    system_name: s.id(system_name.unwrap_or(&system)),
                     filename: s.id(&f.file),
                     start_line: 0,
                 });

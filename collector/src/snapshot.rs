@@ -33,6 +33,8 @@ pub struct Collected {
     pub modules: Vec<Module>,
     /// Names of generated code (JIT compilers, CPython's perf trampolines).
     pub jit: crate::perfmap::JitSymbols,
+    /// The Python code records the stacks name.
+    pub python: crate::python::Codes,
     /// What the snapshot is of, when not simply "now" (a named snapshot, born since …): lines
     /// for the profile's comments.
     pub notes: Vec<String>,
@@ -283,6 +285,7 @@ pub fn collect_at(
     let mut notes = moment.notes.clone();
     notes.extend(jit.sources.iter().map(|s| format!("JIT code names: {s}")));
     let threads = region.threads();
+    let python = crate::python::Codes::read(&region, stacks.values());
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
     }
@@ -298,6 +301,7 @@ pub fn collect_at(
         threads,
         modules,
         jit,
+        python,
         notes,
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
     })

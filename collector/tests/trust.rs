@@ -555,8 +555,8 @@ print(len(s), len(words), sorted(out)[-1], r.stdout.strip())
         &["python3", "-c", py],
         |regions| {
             // The script and the interpreter it starts (`python3` may be a wrapper script that
-            // runs more processes first). CPython keeps small objects in its own arenas: only
-            // arenas and large objects (the 0.9 MB JSON text) reach malloc.
+            // runs more processes first). Every object is recorded once the interpreter is
+            // initialized (its allocator domains are wrapped), pymalloc's small ones too.
             let pythons: Vec<_> = regions
                 .iter()
                 .filter(|e| e["cmdline"].get(1).and_then(|a| a.as_str()) == Some("-c"))

@@ -27,6 +27,7 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
     if ptr.is_null() {
         return;
     }
+    crate::python::poll();
     let interval = state::sample_interval();
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
@@ -143,6 +144,7 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, hi, frames);
+    let n = crate::python::splice(g, t, frames, n);
     intern(g, t, &frames[..n])
 }
 

@@ -66,6 +66,31 @@ const GUARD_RECORDING: u8 = 1;
 /// meanwhile, so every allocator call arriving now is the shim's own: passed through
 /// unrecorded.
 const GUARD_INTERNAL: u8 = 2;
+/// [`Tls::guard`]: a wrapper of the Python allocator domains is forwarding a call to the
+/// interpreter's own allocator ([`forwarding`]), which records the block itself afterwards:
+/// the `malloc` a large request ends in is passed through unrecorded.
+const GUARD_FORWARD: u8 = 3;
+
+/// Runs `f` (a call into the allocator a recording wrapper wraps) with the calling thread's
+/// allocations passed through unrecorded, unless it is already inside the shim. No system
+/// call: a signal handler's allocation meanwhile is passed through unrecorded too.
+#[inline(always)]
+pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
+    TLS.with(|t| {
+        let outer = t.guard.get();
+        if outer == GUARD_FREE {
+            t.guard.set(GUARD_FORWARD);
+        }
+        let r = f();
+        t.guard.set(outer);
+        r
+    })
+}
+
+/// Runs `f` as the shim's own work (see [`internal`]) on the calling thread.
+pub(crate) fn internal_work<R>(f: impl FnOnce() -> R) -> R {
+    TLS.with(|t| internal(t, f))
+}
 
 /// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
 /// unrecorded, and signals are blocked so that no handler's allocation is mistaken for one.
@@ -361,8 +386,11 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
         }
     };
     TLS.with(|t| {
-        if t.guard.get() != GUARD_FREE {
-            NESTED.fetch_add(1, Ordering::Relaxed);
+        let guard = t.guard.get();
+        if guard != GUARD_FREE {
+            if guard != GUARD_FORWARD {
+                NESTED.fetch_add(1, Ordering::Relaxed);
+            }
             return None;
         }
         // After the guard: the shim's own allocations in a forked child, before its fork

@@ -19,7 +19,7 @@ pub mod v1;
 pub mod writer;
 
 pub use reader::{
-    Block, Counters, Module, NamedSnapshot, ReadError, Region, RegionInfo, SnapshotMeta,
-    SnapshotOptions, ThreadInfo,
+    Block, Counters, Module, NamedSnapshot, PythonCode, ReadError, Region, RegionInfo,
+    SnapshotMeta, SnapshotOptions, ThreadInfo,
 };
 pub use writer::{ProcessIdentity, RegionWriter};

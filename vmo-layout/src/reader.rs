@@ -336,6 +336,26 @@ fn wait_op(slot: &ThreadSlotV1, seq: u64, deadline: u64) -> OpWait {
     }
 }
 
+/// A Python code object as the writer recorded it when one of its frames was first seen (see
+/// [`PYTHON_FRAME`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonCode {
+    /// Address of the code object in the writer.
+    pub address: u64,
+    /// `co_qualname`.
+    pub qualname: String,
+    /// `co_filename`.
+    pub filename: String,
+    /// `co_firstlineno`.
+    pub first_line: u32,
+    /// `co_linetable` (CPython 3.11+ location table), maybe truncated.
+    pub linetable: Vec<u8>,
+    /// CPython minor version (11 for 3.11).
+    pub minor: u8,
+    /// The line table was cut at the record's size limit.
+    pub truncated: bool,
+}
+
 /// A validated region mapping.
 #[derive(Debug, Clone, Copy)]
 pub struct Region<'a> {
@@ -396,12 +416,14 @@ impl<'a> Region<'a> {
             (section::THREADS, size_of::<ThreadSlotV1>()),
             (section::MODULES, size_of::<ModuleV1>()),
             (section::NAMED, size_of::<NamedSnapshotV1>()),
+            (section::PYTHON, 8),
         ];
         let mut sections = [SectionV1::default(); section::COUNT];
         for (kind, size) in expected {
             let Some(s) = h.sections[..count].iter().find(|s| s.kind == kind) else {
-                // NAMED came later: a region without it has no named snapshots.
-                if kind == section::NAMED {
+                // NAMED and PYTHON came later: a region without them has no named snapshots
+                // and no Python frames.
+                if kind == section::NAMED || kind == section::PYTHON {
                     sections[kind as usize - 1].kind = kind;
                     continue;
                 }
@@ -987,6 +1009,83 @@ impl<'a> Region<'a> {
                     .map(|f| f.load(Ordering::Relaxed))
             })
             .collect()
+    }
+
+    /// Whether the writer may store Python frames ([`PYTHON_FRAME`]) in its stacks.
+    pub fn has_python_frames(&self) -> bool {
+        self.header().flags & FLAG_PYTHON_FRAMES != 0
+    }
+
+    /// The Python code record that frame `frame` (a [`PYTHON_FRAME`]) names; `None` when the
+    /// frame is not a Python frame, the record is unknown (0), not published, out of bounds or
+    /// malformed, or lies in a hole of the file (see [`Self::with_file`]).
+    pub fn python_code(&self, frame: u64) -> Option<PythonCode> {
+        if frame & PYTHON_FRAME == 0 || !self.has_python_frames() {
+            return None;
+        }
+        let first = (frame & !PYTHON_FRAME) >> 32;
+        let cap = self.cap(section::PYTHON);
+        let used = 1 + self.header().python_cursor.load(Ordering::Acquire).min(cap);
+        if first == 0 || first + PYTHON_RECORD_WORDS > used.min(cap) {
+            return None;
+        }
+        let word = |i: u64| {
+            self.at::<AtomicU64>(section::PYTHON, first + i)
+                .map(|w| w.load(Ordering::Relaxed))
+        };
+        // The header words must be in data before they are read.
+        let mut in_data = false;
+        self.data_runs_in(
+            section::PYTHON,
+            first,
+            first + PYTHON_RECORD_WORDS,
+            |a, b| {
+                in_data = a <= first && first + PYTHON_RECORD_WORDS <= b;
+                false
+            },
+        );
+        if !in_data {
+            return None;
+        }
+        let w0 = self
+            .at::<AtomicU64>(section::PYTHON, first)?
+            .load(Ordering::Acquire);
+        let words = w0 & 0xffff_ffff;
+        if w0 & PYTHON_RECORD_PUBLISHED == 0
+            || !(PYTHON_RECORD_WORDS..=PYTHON_RECORD_MAX_WORDS).contains(&words)
+            || first + words > used.min(cap)
+        {
+            return None;
+        }
+        let mut in_data = false;
+        self.data_runs_in(section::PYTHON, first, first + words, |a, b| {
+            in_data = a <= first && first + words <= b;
+            false
+        });
+        if !in_data {
+            return None;
+        }
+        let (w1, w2, w3) = (word(1)?, word(2)?, word(3)?);
+        let (qlen, flen, llen) = ((w2 >> 32) & 0xffff, w2 >> 48, w3 & 0xffff_ffff);
+        let body = (words - PYTHON_RECORD_WORDS) * 8;
+        if qlen + flen + llen > body {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(body as usize);
+        for i in PYTHON_RECORD_WORDS..words {
+            bytes.extend_from_slice(&word(i)?.to_le_bytes());
+        }
+        let (q, rest) = bytes.split_at(qlen as usize);
+        let (f, rest) = rest.split_at(flen as usize);
+        Some(PythonCode {
+            address: w1,
+            first_line: (w2 & 0xffff_ffff) as u32,
+            qualname: String::from_utf8_lossy(q).into_owned(),
+            filename: String::from_utf8_lossy(f).into_owned(),
+            linetable: rest[..llen as usize].to_vec(),
+            minor: ((w3 >> 32) & 0xff) as u8,
+            truncated: (w3 >> 40) & 1 != 0,
+        })
     }
 
     /// Cumulative `(allocations, bytes)` of every stack below [`Self::stack_count`] that has

@@ -17,10 +17,12 @@
 //!         THREADS       capacity × 128 B  ThreadSlotV1: op sequence, tid, name, counters
 //!         MODULES       capacity × 1024 B ModuleV1: path, load bias, build ID, PT_LOAD segments
 //!         NAMED         capacity × 128 B  NamedSnapshotV1: named snapshots the program took
+//!         PYTHON        capacity × 8 B    Python code records (see [`PYTHON_FRAME`])
 //! ```
 //!
-//! NAMED was added after the first release of v1: readers accept regions without it (no named
-//! snapshots), and readers that predate it ignore it (they look sections up by kind).
+//! NAMED and PYTHON were added after the first release of v1: readers accept regions without
+//! them (no named snapshots, no Python frames), and readers that predate them ignore them (they
+//! look sections up by kind).
 //!
 //! The design follows Fuchsia's heapdump (`src/performance/memory/heapdump/vmo`: a node pool of
 //! 40-byte records and append-only, deduplicated stack traces) with three changes: a header with
@@ -75,8 +77,10 @@ pub mod section {
     pub const MODULES: u32 = 6;
     /// [`super::NamedSnapshotV1`] records (optional: regions of older writers lack it).
     pub const NAMED: u32 = 7;
+    /// Python code records, 8-byte words (optional: see [`super::FLAG_PYTHON_FRAMES`]).
+    pub const PYTHON: u32 = 8;
     /// Number of section kinds in v1.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 }
 
 /// One entry of the section table (32 bytes).
@@ -197,7 +201,11 @@ pub struct HeaderV1 {
     pub frame_cursor: AtomicU64,
     /// Stack traces not recorded because a stack section was full.
     pub dropped_stacks: AtomicU64,
-    _pad3: [u8; 40],
+    /// Words of the PYTHON section handed out so far, after its first word (never handed
+    /// out, so that code record 0 means "unknown"): records lie in `[1, 1 + python_cursor)`. Added after the first release of v1, in what was
+    /// reserved space: older writers leave it 0.
+    pub python_cursor: AtomicU64,
+    _pad3: [u8; 32],
     /// Thread slots ever used (high-water mark).
     pub thread_count: AtomicU64,
     /// Modules ever recorded.
@@ -241,7 +249,45 @@ pub const FLAG_OP_NODE: u32 = 1;
 /// `RegionWriter::stamp`), so a reader may take its lease value as its instant `T` without
 /// waiting for the clock to pass it. Writers of the first release of v1 leave it 0.
 pub const FLAG_LEASE_FLOOR: u32 = 2;
+/// [`HeaderV1::flags`] bit: stack frames with bit 63 set are Python frames
+/// ([`PYTHON_FRAME`]), whose code records are in the PYTHON section. Writers without it never
+/// store such frames (no user-space return address has bit 63 set).
+pub const FLAG_PYTHON_FRAMES: u32 = 4;
+
+/// A stack frame with this bit set is a Python frame, not a return address: bits 32..63 are the
+/// word index of its code record in the PYTHON section (0: unknown code), bits 0..32 the index
+/// of the instruction executing (in 2-byte code units from the start of the code object's
+/// bytecode; `u32::MAX`: unknown). Frames are stored leaf first like return addresses, the
+/// Python frames of one run of the eval loop just below (callee side of) the native frame of
+/// that run (`_PyEval_EvalFrameDefault`, marked [`PYTHON_EVAL_FRAME`]).
+///
+/// A code record is `PYTHON_RECORD_WORDS` header words, then the bytes of the qualified name,
+/// the file name and the line table (`co_linetable`, CPython's `Objects/locations.md` format,
+/// 3.11 and later), packed in order, NUL-padded to a whole word:
+///
+/// * word 0: the record's length in words (bits 0..32), [`PYTHON_RECORD_PUBLISHED`] once the
+///   record is complete (stored last, Release);
+/// * word 1: the code object's address (for display);
+/// * word 2: `co_firstlineno` (bits 0..32), the qualified name's length in bytes (bits 32..48),
+///   the file name's length (bits 48..64);
+/// * word 3: the line table's length in bytes (bits 0..32), the CPython minor version
+///   (bits 32..40), flags (bits 40..48: bit 0, the line table was truncated).
+pub const PYTHON_FRAME: u64 = 1 << 63;
+/// A stack frame with this bit set (and [`PYTHON_FRAME`] clear) is a return address into
+/// CPython's eval loop (`_PyEval_EvalFrameDefault`) whose Python frames were spliced in just
+/// before it (leafward): the address is the frame without this bit, and of the functions it
+/// symbolizes to only the outermost is shown (code the compiler inlined into the eval loop
+/// runs on behalf of the innermost Python frame, which now stands for it).
+pub const PYTHON_EVAL_FRAME: u64 = 1 << 62;
+/// Header words of a Python code record (see [`PYTHON_FRAME`]).
+pub const PYTHON_RECORD_WORDS: u64 = 4;
+/// Word 0 bit of a complete Python code record.
+pub const PYTHON_RECORD_PUBLISHED: u64 = 1 << 63;
+/// Longest Python code record, in words (a longer line table is truncated).
+pub const PYTHON_RECORD_MAX_WORDS: u64 = 8192;
+
 const _: () = assert!(offset_of!(HeaderV1, named_hold_limit) == 96);
+const _: () = assert!(offset_of!(HeaderV1, python_cursor) == 280);
 const _: () = assert!(offset_of!(HeaderV1, named_last) == 168);
 const _: () = assert!(offset_of!(HeaderV1, named_floor) == 104);
 const _: () = assert!(offset_of!(HeaderV1, named_count) == 176);
@@ -447,6 +493,8 @@ pub struct Capacities {
     pub modules: u64,
     /// Named snapshots.
     pub named: u64,
+    /// 8-byte words of Python code records.
+    pub python_words: u64,
 }
 
 impl Default for Capacities {
@@ -458,6 +506,7 @@ impl Default for Capacities {
             threads: 8192,
             modules: 1024,
             named: 256,
+            python_words: 8 << 20,
         }
     }
 }
@@ -486,6 +535,7 @@ pub fn plan(c: &Capacities) -> ([SectionV1; section::COUNT], u64) {
         ),
         (section::MODULES, size_of::<ModuleV1>() as u32, c.modules),
         (section::NAMED, size_of::<NamedSnapshotV1>() as u32, c.named),
+        (section::PYTHON, 8, c.python_words),
     ];
     let mut out = [SectionV1::default(); section::COUNT];
     let mut offset = HEADER_SIZE as u64;

@@ -88,7 +88,7 @@ impl RegionWriter {
         h.exe_ino = id.exe_ino;
         h.sample_interval = id.sample_interval;
         h.named_hold_limit = NAMED_HOLD_DEFAULT;
-        h.flags = FLAG_OP_NODE | FLAG_LEASE_FLOOR;
+        h.flags = FLAG_OP_NODE | FLAG_LEASE_FLOOR | FLAG_PYTHON_FRAMES;
         h.sections[..section::COUNT].copy_from_slice(&sections);
         copy_truncated(&mut h.exe_path, id.exe_path);
         copy_truncated(&mut h.cmdline, id.cmdline);
@@ -536,6 +536,7 @@ impl RegionWriter {
             threads: c(section::THREADS),
             modules: c(section::MODULES),
             named: c(section::NAMED),
+            python_words: c(section::PYTHON),
         }
     }
 
@@ -582,7 +583,10 @@ impl RegionWriter {
             ph.frame_cursor.load(Ordering::Acquire),
         );
         let modules = limit(section::MODULES, ph.module_count.load(Ordering::Acquire));
+        let python_cursor = ph.python_cursor.load(Ordering::Acquire);
+        let python = limit(section::PYTHON, python_cursor.saturating_add(1));
         if !(self.backed(section::ALLOCATIONS, cursor)
+            && self.backed(section::PYTHON, python)
             && self.backed(section::STACK_ENTRIES, stacks)
             && self.backed(section::STACK_FRAMES, frames)
             && self.backed(section::MODULES, modules))
@@ -664,6 +668,10 @@ impl RegionWriter {
             .store(ph.dropped_stacks.load(Ordering::Relaxed), Ordering::Relaxed);
         copy(section::MODULES, 0, modules);
         h.module_count.store(modules, Ordering::Relaxed);
+        // The Python code records the copied stacks name (a record still being written by
+        // the parent is copied unpublished: its frames read as unknown code).
+        copy(section::PYTHON, 0, python);
+        h.python_cursor.store(python_cursor, Ordering::Relaxed);
         h.peak_live_bytes.store(bytes, Ordering::Relaxed);
         Some((blocks, bytes))
     }
@@ -849,6 +857,38 @@ impl RegionWriter {
         );
         c.count.fetch_add(1, Ordering::Relaxed);
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    // ---- Python code records --------------------------------------------------------------
+
+    /// Claims `words` words of the PYTHON section for a code record (see
+    /// [`crate::v1::PYTHON_FRAME`]) and returns the index of its first word (never 0), with
+    /// their storage reserved; `None` when the section (or the file system) is full. The caller
+    /// fills the words with [`Self::python_word`] and publishes the record by storing word 0
+    /// last, with Release ordering.
+    pub fn claim_python(&self, words: u64) -> Option<u64> {
+        let h = self.header();
+        let cap = self.capacity(section::PYTHON);
+        if words == 0 || words > PYTHON_RECORD_MAX_WORDS || cap == 0 {
+            return None;
+        }
+        // Word 0 is never handed out: record 0 means "unknown".
+        let first = 1 + h.python_cursor.fetch_add(words, Ordering::Relaxed);
+        if first.checked_add(words)? > cap.min(1 << 31) {
+            return None;
+        }
+        if !self.backed(section::PYTHON, first + words) {
+            return None;
+        }
+        Some(first)
+    }
+
+    /// Word `index` of the PYTHON section (`index` below the end of a record handed out by
+    /// [`Self::claim_python`]).
+    #[inline]
+    pub fn python_word(&self, index: u64) -> &AtomicU64 {
+        assert!(index < self.capacity(section::PYTHON));
+        self.entry(section::PYTHON, index)
     }
 
     // ---- modules ------------------------------------------------------------------------
@@ -1170,6 +1210,7 @@ mod lease_tests {
             threads: 2,
             modules: 1,
             named: 1,
+            python_words: 1,
         };
         let (_, size) = plan(&caps);
         let mut buf = vec![0u64; size as usize / 8];

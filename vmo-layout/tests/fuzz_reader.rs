@@ -19,6 +19,7 @@ const CAPS: Capacities = Capacities {
     threads: 8,
     modules: 4,
     named: 4,
+    python_words: 64,
 };
 
 /// A region written by the real writer: threads, live and freed blocks, stacks, a module.
@@ -250,6 +251,7 @@ const HUGE: Capacities = Capacities {
     threads: 1 << 22,
     modules: 1 << 24,
     named: 1 << 20,
+    python_words: 1 << 20,
 };
 
 fn sparse() -> Sparse {

@@ -11,6 +11,7 @@ const CAPS: Capacities = Capacities {
     threads: 2,
     modules: 1,
     named: 4,
+    python_words: 64,
 };
 
 fn region() -> (Vec<u64>, RegionWriter, u64) {

@@ -252,6 +252,7 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
             rebind_deepbound();
         }
         heapdump_instrumentation::refresh_modules();
+        heapdump_instrumentation::python::detect();
     }
     h
 }
@@ -341,6 +342,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle)
     };
     heapdump_instrumentation::refresh_modules();
+    heapdump_instrumentation::python::forget_if_unloaded();
     r
 }
 
@@ -423,6 +425,7 @@ extern "C" fn constructor() {
     heapdump_instrumentation::init();
     heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();
+    heapdump_instrumentation::python::detect();
 }
 
 #[used]

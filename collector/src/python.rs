@@ -1,0 +1,252 @@
+//! Python frames: the shim stores each frame of CPython's eval loop as a tagged word
+//! ([`vmo_layout::v1::PYTHON_FRAME`]: code record, instruction index) among the return
+//! addresses; here they become source-level frames (qualified name, file, line) next to the
+//! native ones that blazesym resolves. Everything that names frames (pprof, flame graphs,
+//! `top`, `leaks`, `retainers`, DevTools, captures) goes through [`resolve`].
+//!
+//! Lines come from the code object's location table (`co_linetable`, CPython's
+//! `Objects/locations.md`, the format of 3.11 to 3.13), recorded with the name.
+
+use crate::symbolize::{self, Frame, Resolved};
+use std::collections::HashMap;
+use vmo_layout::v1::{PYTHON_EVAL_FRAME, PYTHON_FRAME};
+use vmo_layout::{Module, PythonCode, Region};
+
+/// The Python code records a set of stacks names, by record index.
+#[derive(Debug, Clone, Default)]
+pub struct Codes(pub HashMap<u64, PythonCode>);
+
+/// The record index of a Python frame word, `None` for a return address.
+pub fn record_of(frame: u64) -> Option<u64> {
+    (frame & PYTHON_FRAME != 0).then_some((frame & !PYTHON_FRAME) >> 32)
+}
+
+impl Codes {
+    /// Reads the code records that the Python frames of `stacks` name.
+    pub fn read<'s>(region: &Region<'_>, stacks: impl Iterator<Item = &'s Vec<u64>>) -> Self {
+        let mut out = HashMap::new();
+        if !region.has_python_frames() {
+            return Codes(out);
+        }
+        for &f in stacks.flatten() {
+            let Some(id) = record_of(f) else { continue };
+            if id == 0 || out.contains_key(&id) {
+                continue;
+            }
+            if let Some(c) = region.python_code(f) {
+                out.insert(id, c);
+            }
+        }
+        Codes(out)
+    }
+
+    /// The source-level frame of Python frame word `frame`.
+    pub fn frame(&self, frame: u64) -> Frame {
+        let id = record_of(frame).unwrap_or(0);
+        let index = (frame & 0xffff_ffff) as u32;
+        match self.0.get(&id) {
+            Some(c) => Frame {
+                function: if c.qualname.is_empty() {
+                    "(unnamed Python code)".to_owned()
+                } else {
+                    c.qualname.clone()
+                },
+                file: c.filename.clone(),
+                line: line_of(&c.linetable, c.first_line, index).unwrap_or(c.first_line),
+            },
+            None => Frame {
+                function: "(unknown Python code)".to_owned(),
+                file: String::new(),
+                line: 0,
+            },
+        }
+    }
+}
+
+/// Resolves call-site addresses (return address − 1, as the callers compute them) and Python
+/// frames (their word − 1, likewise) alike: Python frames from `codes`, the rest with
+/// [`symbolize::symbolize`] when `symbolize` is set (else only their module).
+pub fn resolve(
+    modules: &[Module],
+    jit: &crate::perfmap::JitSymbols,
+    codes: &Codes,
+    addrs: &[u64],
+    symbolize: bool,
+) -> HashMap<u64, Resolved> {
+    let (py, tagged): (Vec<u64>, Vec<u64>) = addrs
+        .iter()
+        .partition(|&&a| a.wrapping_add(1) & PYTHON_FRAME != 0);
+    // Eval-loop frames with Python frames below them: resolved as their plain address, then
+    // cut to the outermost function.
+    let plain = |a: u64| {
+        if a.wrapping_add(1) & PYTHON_EVAL_FRAME != 0 {
+            a & !PYTHON_EVAL_FRAME
+        } else {
+            a
+        }
+    };
+    let mut native: Vec<u64> = tagged.iter().map(|&a| plain(a)).collect();
+    native.sort_unstable();
+    native.dedup();
+    let by_plain = if symbolize {
+        symbolize::symbolize(modules, jit, &native)
+    } else {
+        native
+            .iter()
+            .map(|&a| {
+                (
+                    a,
+                    Resolved {
+                        module: symbolize::module_of(modules, a),
+                        frames: Vec::new(),
+                    },
+                )
+            })
+            .collect()
+    };
+    let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
+    for a in tagged {
+        let Some(r) = by_plain.get(&plain(a)) else {
+            continue;
+        };
+        let mut r = r.clone();
+        if a != plain(a) {
+            let outer = r.frames.pop();
+            r.frames = outer.into_iter().collect();
+        }
+        out.insert(a, r);
+    }
+    for a in py {
+        out.insert(
+            a,
+            Resolved {
+                module: None,
+                frames: vec![codes.frame(a.wrapping_add(1))],
+            },
+        );
+    }
+    out
+}
+
+/// The line of code unit `index` in a CPython 3.11+ location table starting at `first_line`;
+/// `None` for an instruction without a location, an index past the table, or a malformed
+/// table.
+pub fn line_of(table: &[u8], first_line: u32, index: u32) -> Option<u32> {
+    let mut line = first_line as i64;
+    let mut unit = 0u64;
+    let mut i = 0usize;
+    let mut byte = |i: &mut usize| -> Option<u8> {
+        let b = *table.get(*i)?;
+        *i += 1;
+        Some(b)
+    };
+    fn varint(byte: &mut impl FnMut(&mut usize) -> Option<u8>, i: &mut usize) -> Option<u64> {
+        let mut b = byte(i)?;
+        let mut v = (b & 63) as u64;
+        let mut shift = 6;
+        while b & 64 != 0 {
+            b = byte(i)?;
+            if shift > 60 {
+                return None;
+            }
+            v |= ((b & 63) as u64) << shift;
+            shift += 6;
+        }
+        Some(v)
+    }
+    fn svarint(byte: &mut impl FnMut(&mut usize) -> Option<u8>, i: &mut usize) -> Option<i64> {
+        let v = varint(byte, i)?;
+        Some(if v & 1 != 0 {
+            -((v >> 1) as i64)
+        } else {
+            (v >> 1) as i64
+        })
+    }
+    while i < table.len() {
+        let b = byte(&mut i)?;
+        if b & 0x80 == 0 {
+            return None;
+        }
+        let code = (b >> 3) & 15;
+        let len = (b & 7) as u64 + 1;
+        let here = match code {
+            15 => None,
+            14 => {
+                line += svarint(&mut byte, &mut i)?;
+                for _ in 0..3 {
+                    varint(&mut byte, &mut i)?;
+                }
+                Some(line)
+            }
+            13 => {
+                line += svarint(&mut byte, &mut i)?;
+                Some(line)
+            }
+            10..=12 => {
+                line += (code - 10) as i64;
+                byte(&mut i)?;
+                byte(&mut i)?;
+                Some(line)
+            }
+            _ => {
+                byte(&mut i)?;
+                Some(line)
+            }
+        };
+        if (index as u64) < unit + len {
+            return here.and_then(|l| u32::try_from(l).ok());
+        }
+        unit += len;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table CPython 3.11 compiles for
+    /// `def f():\n    x = 1\n    return x\n` (firstlineno 1): RESUME on line 1, then two
+    /// instructions on line 2, two on line 3 (short and one-line forms).
+    #[test]
+    fn lines_of_a_small_table() {
+        // RESUME: one-line form, delta 0 (code 10), 1 unit, columns 0..0.
+        // line 2: code 11 (delta 1), 2 units; line 3: code 11, 2 units.
+        let t = [
+            0x80 | (10 << 3),
+            0,
+            0,
+            0x80 | (11 << 3) | 1,
+            4,
+            9,
+            0x80 | (11 << 3) | 1,
+            4,
+            12,
+        ];
+        assert_eq!(line_of(&t, 1, 0), Some(1));
+        assert_eq!(line_of(&t, 1, 1), Some(2));
+        assert_eq!(line_of(&t, 1, 2), Some(2));
+        assert_eq!(line_of(&t, 1, 3), Some(3));
+        assert_eq!(line_of(&t, 1, 4), Some(3));
+        assert_eq!(line_of(&t, 1, 5), None);
+        // No location (15), then a long form with a negative delta (-1 as svarint 3) and a
+        // no-column form with +300 (svarint 600 = 0b1001011000: chunks 0b011000 | 64, 0b1001).
+        let t = [
+            0x80 | (15 << 3),
+            0x80 | (14 << 3),
+            3,
+            0,
+            1,
+            2,
+            0x80 | (13 << 3),
+            24 | 64,
+            9,
+        ];
+        assert_eq!(line_of(&t, 10, 0), None);
+        assert_eq!(line_of(&t, 10, 1), Some(9));
+        assert_eq!(line_of(&t, 10, 2), Some(309));
+        // Malformed: a continuation byte where an entry should start; truncated varint.
+        assert_eq!(line_of(&[5], 1, 0), None);
+        assert_eq!(line_of(&[0x80 | (13 << 3), 64], 1, 0), None);
+    }
+}

@@ -1,0 +1,575 @@
+//! CPython under the shim with no flag and no environment variable: every object allocation
+//! recorded (the MEM and OBJ allocator domains wrapped, pymalloc kept), and Python frames
+//! (function, file, line) spliced into the native stacks, on each CPython found here (Debian's
+//! 3.11, pyenv's 3.11, 3.12 and 3.13; a missing one is skipped with a printed reason).
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The interpreters to test: (label, executable).
+fn pythons(test: &str) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let deb = PathBuf::from("/usr/bin/python3.11");
+    if deb.exists() {
+        out.push(("Debian 3.11".to_owned(), deb));
+    } else {
+        println!("skipped: {test} on Debian's 3.11: /usr/bin/python3.11 is missing");
+    }
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    for minor in ["3.11", "3.12", "3.13"] {
+        let found = std::fs::read_dir(root.join("versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{minor}.")) && !n.ends_with('t'))
+            })
+            .map(|p| p.join("bin").join(format!("python{minor}")))
+            .find(|p| p.exists());
+        match found {
+            Some(p) => out.push((format!("pyenv {minor}"), p)),
+            None => println!(
+                "skipped: {test} on CPython {minor}: no pyenv version {minor}.x under {}",
+                root.display()
+            ),
+        }
+    }
+    out
+}
+
+/// One sample: its frames (innermost first), whether each is a Python frame, its live blocks
+/// and bytes, and its thread label.
+#[derive(Debug)]
+struct Stack {
+    /// (function, file, line, is Python).
+    frames: Vec<(String, String, i64, bool)>,
+    blocks: i64,
+    bytes: i64,
+    thread: String,
+}
+
+impl Stack {
+    /// The Python functions, innermost first.
+    fn chain(&self) -> Vec<&str> {
+        self.frames
+            .iter()
+            .filter(|f| f.3)
+            .map(|f| f.0.as_str())
+            .collect()
+    }
+    fn starts_with(&self, chain: &[&str]) -> bool {
+        self.chain().starts_with(chain)
+    }
+    /// The line of the innermost Python frame.
+    fn py_line(&self) -> i64 {
+        self.frames.iter().find(|f| f.3).map_or(0, |f| f.2)
+    }
+    fn position(&self, name: &str) -> Option<usize> {
+        self.frames.iter().position(|f| f.0 == name)
+    }
+}
+
+fn stacks(p: &heapdump_proto::Profile) -> Vec<Stack> {
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let funcs: HashMap<u64, &heapdump_proto::Function> =
+        p.function.iter().map(|f| (f.id, f)).collect();
+    let locs: HashMap<u64, &heapdump_proto::Location> =
+        p.location.iter().map(|l| (l.id, l)).collect();
+    p.sample
+        .iter()
+        .map(|smp| {
+            let mut frames = Vec::new();
+            for id in &smp.location_id {
+                if locs[id].line.is_empty() {
+                    // Not symbolized (a static function of a stripped binary).
+                    frames.push((format!("{:#x}", locs[id].address), String::new(), 0, false));
+                }
+                for line in &locs[id].line {
+                    let f = funcs[&line.function_id];
+                    frames.push((
+                        s(f.name),
+                        s(f.filename),
+                        line.line,
+                        s(f.system_name).starts_with("py::"),
+                    ));
+                }
+            }
+            let thread = smp
+                .label
+                .iter()
+                .find(|l| s(l.key) == "thread")
+                .map(|l| s(l.str))
+                .unwrap_or_default();
+            Stack {
+                frames,
+                blocks: smp.value[2],
+                bytes: smp.value[3],
+                thread,
+            }
+        })
+        .collect()
+}
+
+/// Writes `src` as `NAME.py` in `dir` and starts it under the shim (no flag, no environment
+/// variable but the test's region directory) until it prints "ready PID".
+fn run_script(py: &Path, dir: &Path, name: &str, src: &str, keep: bool) -> (Running, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join(format!("{name}.py"));
+    std::fs::write(&script, src).unwrap();
+    let mut cmd = Command::new(py);
+    cmd.arg(&script);
+    if keep {
+        cmd.env("HEAPDUMP_KEEP", "1");
+    }
+    (start(cmd, dir, true), script)
+}
+
+fn line_of(src: &str, needle: &str) -> i64 {
+    src.lines().position(|l| l.contains(needle)).unwrap() as i64 + 1
+}
+
+fn sum(stacks: &[Stack], f: impl Fn(&Stack) -> bool) -> i64 {
+    stacks.iter().filter(|s| f(s)).map(|s| s.blocks).sum()
+}
+
+const OBJECTS: &str = r#"import os, sys
+def build():
+    keep = []
+    for i in range(100000):
+        keep.append({"i": i})
+        keep.append(str(i) + "x")
+    return keep
+def caller():
+    return build()
+held = caller()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// 100,000 dicts and 100,000 strings built in `build`, called from `caller`: at least 200,000
+/// live blocks under `build ← caller ← <module>`, the dicts on the line that builds them and
+/// the strings on theirs, the eval loop and `Py_BytesMain` around them; the same names
+/// post-mortem (the region kept after exit).
+#[test]
+fn objects_under_their_function_and_caller_on_each_version() {
+    for (label, py) in pythons("objects_under_their_function_and_caller_on_each_version") {
+        let dir = region_dir("python-objects");
+        let (r, script) = run_script(&py, &dir, "objects", OBJECTS, true);
+        let pid = r.pid();
+        let profile = snapshot(&dir, pid, &[]);
+        let st = stacks(&decode(&profile));
+        let under = |s: &Stack| s.starts_with(&["build", "caller", "<module>"]);
+        let total = sum(&st, under);
+        assert!(
+            total >= 200_000,
+            "{label}: {total} live blocks under build ← caller ← <module>"
+        );
+        // Nothing names `build` without its caller.
+        for s in &st {
+            let c = s.chain();
+            if let Some(i) = c.iter().position(|&f| f == "build") {
+                assert_eq!(c.get(i + 1), Some(&"caller"), "{label}: {c:?}");
+            }
+        }
+        let (dict_line, str_line) = (line_of(OBJECTS, r#"{"i": i}"#), line_of(OBJECTS, "str(i)"));
+        let at = |line: i64| sum(&st, |s| under(s) && s.py_line() == line);
+        assert!(at(dict_line) >= 100_000, "{label}: {} dicts", at(dict_line));
+        assert!(at(str_line) >= 100_000, "{label}: {} strings", at(str_line));
+        // Python frames sit between the eval loop's native frame and the C they call.
+        let s = st
+            .iter()
+            .filter(|s| under(s) && s.py_line() == dict_line)
+            .max_by_key(|s| s.blocks)
+            .unwrap();
+        let build = s.position("build").unwrap();
+        let eval = s.position("_PyEval_EvalFrameDefault").unwrap();
+        let main = s.position("Py_BytesMain").unwrap();
+        assert!(build < eval && eval < main, "{label}: {s:#?}");
+        assert_eq!(
+            s.frames[build].1,
+            script.to_str().unwrap(),
+            "{label}: file of build"
+        );
+        // Stacks through C called from `build` have that C leafward of it.
+        let s = st
+            .iter()
+            .filter(|s| under(s) && s.py_line() == str_line)
+            .max_by_key(|s| s.blocks)
+            .unwrap();
+        assert!(!s.frames[0].3, "{label}: the leaf is CPython's C: {s:#?}");
+
+        // Post-mortem (killed: CPython frees its objects at a clean exit): the names are
+        // in the region.
+        let mut r = r;
+        r.child.kill().unwrap();
+        r.child.wait().unwrap();
+        let pm = stacks(&decode(&snapshot(&dir, pid, &[])));
+        assert_eq!(sum(&pm, under), total, "{label}: post-mortem");
+        eprintln!("{label}: {total} live blocks under build ← caller ← <module>");
+    }
+}
+
+/// `go tool pprof -list` shows the Python source with the bytes on its lines.
+#[test]
+fn pprof_list_shows_python_source() {
+    let Some((label, py)) = pythons("pprof_list_shows_python_source").pop() else {
+        return;
+    };
+    let dir = region_dir("python-list");
+    let (r, _) = run_script(&py, &dir, "listed", OBJECTS, false);
+    let profile = snapshot(&dir, r.pid(), &[]);
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-list", "^build$"])
+        .arg(&profile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{label}: {text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(r#"keep.append({"i": i})"#))
+        .unwrap_or_else(|| panic!("{label}: no source line in {text}"));
+    // "  flat  cum  N: source": the cumulative bytes of the dict line are not empty.
+    let cum = line.split_whitespace().nth(1).unwrap();
+    assert!(cum != "." && cum.ends_with('B'), "{label}: {line}");
+    assert_eq!(r.finish(), 0);
+}
+
+const THREADS: &str = r#"import os, sys, threading
+held = {}
+start = threading.Barrier(2)
+filled = threading.Barrier(3)
+done = threading.Event()
+def fill(tag):
+    out = []
+    for i in range(20000):
+        out.append({tag: i})
+    return out
+def worker_a():
+    start.wait()
+    held["a"] = fill("a")
+    filled.wait()
+    done.wait()
+def worker_b():
+    start.wait()
+    held["b"] = fill("b")
+    filled.wait()
+    done.wait()
+ts = [threading.Thread(target=worker_a), threading.Thread(target=worker_b)]
+for t in ts:
+    t.start()
+filled.wait()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+done.set()
+for t in ts:
+    t.join()
+"#;
+
+/// Two threads filling lists at once: each one's blocks under its own Python stack
+/// (`fill ← worker_X ← Thread.run ← …`), on its own thread.
+#[test]
+fn threads_each_with_their_own_python_stack() {
+    for (label, py) in pythons("threads_each_with_their_own_python_stack") {
+        let dir = region_dir("python-threads");
+        let (r, _) = run_script(&py, &dir, "threads", THREADS, false);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        let mut threads = Vec::new();
+        for w in ["worker_a", "worker_b"] {
+            let mine: Vec<&Stack> = st
+                .iter()
+                .filter(|s| s.blocks > 0 && s.starts_with(&["fill", w, "Thread.run"]))
+                .collect();
+            let n: i64 = mine.iter().map(|s| s.blocks).sum();
+            assert!(n >= 20_000, "{label}: {n} blocks under fill ← {w}");
+            for s in &mine {
+                assert_eq!(
+                    s.chain().last(),
+                    Some(&"Thread._bootstrap"),
+                    "{label}: {:?}",
+                    s.chain()
+                );
+            }
+            let mut ts: Vec<&str> = mine.iter().map(|s| s.thread.as_str()).collect();
+            ts.sort();
+            ts.dedup();
+            assert_eq!(ts.len(), 1, "{label}: {w} on threads {ts:?}");
+            threads.push(ts[0].to_owned());
+        }
+        assert_ne!(threads[0], threads[1], "{label}");
+        // No stack mixes the two workers.
+        assert!(
+            st.iter().all(|s| {
+                let c = s.chain();
+                !(c.contains(&"worker_a") && c.contains(&"worker_b"))
+            }),
+            "{label}"
+        );
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+const GENERATORS: &str = r#"import asyncio, os, sys
+N = 20000
+def gen():
+    for i in range(N):
+        yield {"g": i}
+def consume():
+    return list(gen())
+async def produce():
+    out = []
+    for i in range(N):
+        out.append({"t": i})
+        if i % 1000 == 0:
+            await asyncio.sleep(0)
+    return out
+async def main():
+    return await asyncio.create_task(produce())
+g_held = consume()
+a_held = asyncio.run(main())
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// A generator's objects under `gen ← consume ← <module>`; an asyncio task's under
+/// `produce`, driven by the event loop, down to `<module>`.
+#[test]
+fn generator_and_asyncio_task() {
+    for (label, py) in pythons("generator_and_asyncio_task") {
+        let dir = region_dir("python-gen");
+        let (r, _) = run_script(&py, &dir, "gen", GENERATORS, false);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        let n = sum(&st, |s| s.starts_with(&["gen", "consume", "<module>"]));
+        assert!(n >= 20_000, "{label}: {n} blocks under gen ← consume");
+        // The task's body runs from the event loop (a step called by `Handle._run`), not
+        // from `main`, which awaits it (only the coroutine object is made under `main`).
+        let n = sum(&st, |s| {
+            s.starts_with(&["produce", "Handle._run", "BaseEventLoop._run_once"])
+                && s.chain().last() == Some(&"<module>")
+        });
+        assert!(
+            n >= 20_000,
+            "{label}: {n} blocks under produce ← Handle._run"
+        );
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+const EXCEPTIONS: &str = r#"import os, sys
+def thrower(i):
+    raise KeyError(i)
+def catcher():
+    keep = []
+    for i in range(20000):
+        keep.append({"before": i})
+        try:
+            thrower(i)
+        except KeyError:
+            pass
+        keep.append({"after": i})
+    return keep
+held = catcher()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// An exception raised in a callee and caught between two allocations leaves the frame chain
+/// as it was: both allocations exactly under `catcher ← <module>`, on their lines.
+#[test]
+fn exception_caught_between_allocations() {
+    for (label, py) in pythons("exception_caught_between_allocations") {
+        let dir = region_dir("python-exc");
+        let (r, _) = run_script(&py, &dir, "exc", EXCEPTIONS, false);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        for needle in [r#"{"before": i}"#, r#"{"after": i}"#] {
+            let line = line_of(EXCEPTIONS, needle);
+            let n = sum(&st, |s| {
+                s.chain() == ["catcher", "<module>"] && s.py_line() == line
+            });
+            assert!(n >= 20_000, "{label}: {n} blocks at line {line} ({needle})");
+        }
+        let stale = sum(&st, |s| s.chain().contains(&"thrower"));
+        assert!(stale < 100, "{label}: {stale} live blocks under thrower");
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+const ZLIB: &str = r#"import os, sys, zlib
+def make_z():
+    out = []
+    for _ in range(50):
+        out.append(zlib.compressobj())
+    return out
+held = make_z()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// Python → C extension → libz's `malloc`: zlib's state under `deflateInit2_`, then the
+/// extension's C, then `make_z`, then `<module>` and the eval loop, in that order.
+#[test]
+fn python_then_c_extension_then_malloc() {
+    for (label, py) in pythons("python_then_c_extension_then_malloc") {
+        let dir = region_dir("python-zlib");
+        let (r, _) = run_script(&py, &dir, "zlibz", ZLIB, false);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        let z: Vec<&Stack> = st
+            .iter()
+            .filter(|s| s.position("deflateInit2_").is_some())
+            .collect();
+        let n: i64 = z.iter().map(|s| s.blocks).sum();
+        assert!(n >= 50 * 4, "{label}: {n} blocks under deflateInit2_");
+        for s in &z {
+            let (d, m, g) = (
+                s.position("deflateInit2_").unwrap(),
+                s.position("make_z"),
+                s.position("<module>"),
+            );
+            let (Some(m), Some(g)) = (m, g) else {
+                panic!("{label}: no Python frames: {s:#?}");
+            };
+            assert!(d < m && m < g, "{label}: {s:#?}");
+            // The extension's own C (or CPython's call machinery, where the extension's
+            // static functions have no symbol) between libz and the Python caller.
+            assert!(s.frames[d + 1..m].iter().any(|f| !f.3), "{label}: {s:#?}");
+            let eval = s.position("_PyEval_EvalFrameDefault").unwrap();
+            assert!(g < eval, "{label}: {s:#?}");
+        }
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+const LARGE: &str = r#"import os, sys
+def big():
+    out = []
+    for i in range(1000):
+        out.append(bytes(10000 + i % 7))
+    return out
+held = big()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// An object too large for pymalloc (the OBJ domain passes it to `malloc`) is one block, not
+/// two: exactly 1,000 blocks of 10,000 bytes or more under `big`, each of its exact size
+/// (`bytes` header + payload + NUL), with pymalloc and with `PYTHONMALLOC=malloc`.
+#[test]
+fn large_objects_recorded_once() {
+    for (label, py) in pythons("large_objects_recorded_once") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-large");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("large.py");
+            std::fs::write(&script, LARGE).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let large: Vec<&Stack> = st
+                .iter()
+                .filter(|s| {
+                    s.blocks > 0 && s.bytes / s.blocks >= 10_000 && s.chain().contains(&"big")
+                })
+                .collect();
+            let n: i64 = large.iter().map(|s| s.blocks).sum();
+            let bytes: i64 = large.iter().map(|s| s.bytes).sum();
+            // PyBytesObject: 32 bytes of header and the payload's NUL.
+            let want: i64 = (0..1000).map(|i| 10_000 + i % 7 + 33).sum();
+            assert_eq!(
+                (n, bytes),
+                (1000, want),
+                "{label}, PYTHONMALLOC=malloc {malloc}"
+            );
+            assert!(
+                large.iter().all(|s| s.starts_with(&["big", "<module>"])),
+                "{label}: {large:#?}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}
+
+/// A program that is not Python is recorded as before (no Python frame, no code record).
+#[test]
+fn c_program_has_no_python_frames() {
+    if !can_run("c_program_has_no_python_frames") {
+        return;
+    }
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("python-none");
+    let r = start(Command::new(&exe), &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    let st = stacks(&p);
+    assert!(!st.is_empty());
+    assert!(st.iter().all(|s| s.chain().is_empty()));
+    assert!(p.location.iter().all(|l| l.address >> 63 == 0));
+    assert_eq!(r.finish(), 0);
+}
+
+/// Looking for CPython in a program that is not Python leaves no error for `dlerror()` to
+/// report (`examples/c/dlerror_clean.c` exits 1 with the message otherwise).
+#[test]
+fn detection_leaves_dlerror_clean() {
+    if !can_run("detection_leaves_dlerror_clean") {
+        return;
+    }
+    let exe = compile_c("dlerror_clean", &["-ldl"]);
+    let dir = region_dir("python-dlerror");
+    let out = Command::new(&exe)
+        .env("LD_PRELOAD", shim())
+        .env("HEAPDUMP_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// With `-X perf` (3.12+) each Python call runs through a trampoline without unwind
+/// information, where the native walk may end: the Python frames of the outer runs are still
+/// there, on the root side (`build ← caller ← <module>`).
+#[test]
+fn perf_trampolines_keep_the_python_chain() {
+    let mut ran = false;
+    for (label, py) in pythons("perf_trampolines_keep_the_python_chain") {
+        if label.ends_with("3.11") {
+            continue;
+        }
+        ran = true;
+        let dir = region_dir("python-perf");
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("perf.py");
+        std::fs::write(&script, OBJECTS).unwrap();
+        let mut cmd = Command::new(&py);
+        cmd.arg("-X").arg("perf").arg(&script);
+        let r = start(cmd, &dir, true);
+        let pid = r.pid();
+        let st = stacks(&decode(&snapshot(&dir, pid, &[])));
+        let n = sum(&st, |s| s.starts_with(&["build", "caller", "<module>"]));
+        assert!(
+            n >= 200_000,
+            "{label}: {n} blocks under build ← caller ← <module>"
+        );
+        assert_eq!(r.finish(), 0);
+        // The interpreter's perf map.
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
+    if !ran {
+        println!("skipped: perf_trampolines_keep_the_python_chain: no CPython 3.12 or 3.13");
+    }
+}

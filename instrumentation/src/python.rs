@@ -1,0 +1,824 @@
+//! CPython: every object allocation recorded, and Python frames in every stack, with no flag.
+//!
+//! * **Detection** ([`detect`], from the preload constructor and after each `dlopen`): the
+//!   interpreter's symbols are looked up with `dlsym` (a static `python3` exports them, a
+//!   shared `libpython` too); CPython 3.11, 3.12 and 3.13 (not free-threaded) are supported.
+//!   A process without them is left alone: its allocations cost one relaxed load more.
+//! * **Installation** ([`poll`], on an allocation): once `Py_IsInitialized()` and the calling
+//!   thread holds the GIL (`PyGILState_Check()`), the MEM and OBJ allocator domains are wrapped
+//!   (`PyMem_GetAllocator`/`PyMem_SetAllocator`, as CPython's `Doc/c-api/memory.rst` allows
+//!   after initialization): each wrapper forwards to the saved original with the shim's guard
+//!   held ([`crate::state::forwarding`]), so the `malloc` under a large request is not recorded
+//!   twice, then records the block; realloc is a free and an allocation. pymalloc keeps
+//!   serving the program. Blocks pymalloc handed out before are unknown frees (ignored).
+//! * **Frames** ([`splice`], on every recorded allocation once installed): the calling thread's
+//!   frame chain (`PyGILState_GetThisThreadState()`, then `cframe->current_frame` on 3.11 and
+//!   3.12, `current_frame` on 3.13 from `_Py_DebugOffsets`) is read and each native frame of
+//!   `_PyEval_EvalFrameDefault` gets the Python frames of its run spliced in below it (3.11:
+//!   up to the frame marked `is_entry`; 3.12+: up to the C-stack-owned shim frame), as py-spy
+//!   and memray do. A Python frame is stored as [`vmo_layout::v1::PYTHON_FRAME`]: its code
+//!   record (qualified name, file, first line, line table — written to the region the first
+//!   time the code object is seen, so post-mortem snapshots keep names) and the instruction
+//!   executing.
+//!
+//! Interpreter memory is read only along the calling thread's own frame chain, which only that
+//! thread changes: every pointer is checked (non-null, aligned, user-space), every code object
+//! must have `PyCode_Type` as its type, strings `PyUnicode_Type`, line tables `PyBytes_Type`,
+//! and every loop is bounded.
+
+use crate::state::{self, Global, Tls};
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use vmo_layout::v1::{
+    MAX_FRAMES, PYTHON_EVAL_FRAME, PYTHON_FRAME, PYTHON_RECORD_MAX_WORDS, PYTHON_RECORD_PUBLISHED,
+    PYTHON_RECORD_WORDS,
+};
+
+/// [`STATE`]: not looked for yet.
+const UNKNOWN: u8 = 0;
+/// [`STATE`]: no supported CPython in the process (looked for again after a `dlopen`).
+const ABSENT: u8 = 1;
+/// [`STATE`]: CPython found, waiting for it to be initialized.
+const DETECTED: u8 = 2;
+/// [`STATE`]: a thread is wrapping the allocator domains.
+const INSTALLING: u8 = 3;
+/// [`STATE`]: the domains are wrapped; stacks get Python frames.
+const ACTIVE: u8 = 4;
+
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+/// CPython's `PyMemAllocatorEx`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PyMemAllocatorEx {
+    ctx: *mut c_void,
+    malloc: Option<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>,
+    calloc: Option<unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void>,
+    realloc: Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void>,
+    free: Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>,
+}
+
+const PYMEM_DOMAIN_MEM: c_int = 1;
+const PYMEM_DOMAIN_OBJ: c_int = 2;
+
+/// Where the fields the shim reads lie, for one CPython minor version (bytes).
+#[derive(Clone, Copy, Default)]
+struct Offsets {
+    /// 3.11/3.12: `PyThreadState.cframe`, then `_PyCFrame.current_frame`; 3.13:
+    /// `PyThreadState.current_frame` directly (`cframe` is `None`).
+    cframe: Option<usize>,
+    current_frame: usize,
+    f_code: usize,
+    f_previous: usize,
+    /// `prev_instr` (3.11, 3.12) or `instr_ptr` (3.13): the instruction executing.
+    f_instr: usize,
+    f_owner: usize,
+    /// 3.11: `is_entry`; 3.12+ mark runs with a frame owned by the C stack instead.
+    f_is_entry: Option<usize>,
+    co_adaptive: usize,
+    co_qualname: usize,
+    co_filename: usize,
+    co_firstlineno: usize,
+    co_linetable: usize,
+    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
+    ascii_size: usize,
+    compact_size: usize,
+}
+
+/// `FRAME_OWNED_BY_CSTACK` (3.12+).
+const OWNED_BY_CSTACK: u8 = 3;
+
+/// What detection found; written once before [`STATE`] becomes [`DETECTED`] (Release).
+#[derive(Clone, Copy)]
+struct Py {
+    minor: u8,
+    get_allocator: unsafe extern "C" fn(c_int, *mut PyMemAllocatorEx),
+    set_allocator: unsafe extern "C" fn(c_int, *mut PyMemAllocatorEx),
+    is_initialized: unsafe extern "C" fn() -> c_int,
+    gil_check: unsafe extern "C" fn() -> c_int,
+    this_thread_state: unsafe extern "C" fn() -> *mut c_void,
+    /// `[eval_lo, eval_hi)`: the code of `_PyEval_EvalFrameDefault`.
+    eval_lo: u64,
+    eval_hi: u64,
+    code_type: usize,
+    unicode_type: usize,
+    bytes_type: usize,
+    off: Offsets,
+}
+
+struct Cell<T>(UnsafeCell<Option<T>>);
+// SAFETY: written by one thread (under the state machine: UNKNOWN/ABSENT -> DETECTED, or
+// DETECTED -> INSTALLING) before a Release store of STATE; read after an Acquire load of it.
+unsafe impl<T> Sync for Cell<T> {}
+
+static PY: Cell<Py> = Cell(UnsafeCell::new(None));
+/// The original allocators of the MEM and OBJ domains; our wrappers' `ctx` points at them.
+static ORIG_MEM: Cell<PyMemAllocatorEx> = Cell(UnsafeCell::new(None));
+static ORIG_OBJ: Cell<PyMemAllocatorEx> = Cell(UnsafeCell::new(None));
+
+fn py() -> Option<&'static Py> {
+    if STATE.load(Ordering::Acquire) < DETECTED {
+        return None;
+    }
+    // SAFETY: see `Cell`: written before STATE reached DETECTED, never written again.
+    unsafe { (*PY.0.get()).as_ref() }
+}
+
+extern "C" {
+    fn dladdr1(
+        addr: *const c_void,
+        info: *mut libc::Dl_info,
+        extra: *mut *mut c_void,
+        flags: c_int,
+    ) -> c_int;
+}
+const RTLD_DL_SYMENT: c_int = 1;
+
+fn sym(name: &std::ffi::CStr) -> usize {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the global scope.
+    let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize };
+    if a == 0 {
+        // A program that reads dlerror() without clearing it first must not see our lookup.
+        // SAFETY: dlerror has no preconditions; it clears the thread's error state.
+        unsafe { libc::dlerror() };
+    }
+    a
+}
+
+/// Looks for a supported CPython in the process (see the module documentation). Call where
+/// the loader lock may be taken: the preload constructor, after `dlopen`. Cheap after the
+/// first success.
+pub fn detect() {
+    let s = STATE.load(Ordering::Acquire);
+    if s != UNKNOWN && s != ABSENT {
+        return;
+    }
+    if state::global().is_none() {
+        return;
+    }
+    // dlsym may allocate (its error string): the shim's own work.
+    let found = state::internal_work(find);
+    match found {
+        Some(p) => {
+            // SAFETY: only this thread writes PY, before the Release store below; no reader
+            // looks before STATE is DETECTED (detection runs in the constructor or after a
+            // dlopen, never concurrently with itself: the loader serializes both).
+            unsafe { *PY.0.get() = Some(p) };
+            STATE.store(DETECTED, Ordering::Release);
+        }
+        None => STATE.store(ABSENT, Ordering::Release),
+    }
+}
+
+fn find() -> Option<Py> {
+    let version = sym(c"Py_Version");
+    if version == 0 {
+        return None;
+    }
+    // SAFETY: `Py_Version` is CPython's `const unsigned long` (3.11+).
+    let v: u64 = unsafe { *(version as *const std::ffi::c_ulong) };
+    let (major, minor) = ((v >> 24) & 0xff, ((v >> 16) & 0xff) as u8);
+    if major != 3 {
+        return None;
+    }
+    let off = match minor {
+        // From CPython 3.11's and 3.12's internal headers (pycore_frame.h, pycore_code.h,
+        // cpython/unicodeobject.h), x86-64 and aarch64 (LP64); the same for every patch
+        // release (checked against 3.11.2, 3.11.7, 3.12.1).
+        11 => Offsets {
+            cframe: Some(56),
+            current_frame: 8,
+            f_code: 32,
+            f_previous: 48,
+            f_instr: 56,
+            f_owner: 69,
+            f_is_entry: Some(68),
+            co_adaptive: 184,
+            co_qualname: 128,
+            co_filename: 112,
+            co_firstlineno: 72,
+            co_linetable: 136,
+            ascii_size: 48,
+            compact_size: 72,
+        },
+        12 => Offsets {
+            cframe: Some(56),
+            current_frame: 0,
+            f_code: 0,
+            f_previous: 8,
+            f_instr: 56,
+            f_owner: 70,
+            f_is_entry: None,
+            co_adaptive: 192,
+            co_qualname: 128,
+            co_filename: 112,
+            co_firstlineno: 68,
+            co_linetable: 136,
+            ascii_size: 40,
+            compact_size: 56,
+        },
+        13 => debug_offsets(v)?,
+        _ => return None,
+    };
+    let f = |name: &std::ffi::CStr| Some(sym(name)).filter(|&a| a != 0);
+    let eval = f(c"_PyEval_EvalFrameDefault")?;
+    // SAFETY: Dl_info is plain data (pointers), valid when zeroed.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut extra: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills `info` and points `extra` at the ELF symbol of `eval`.
+    let ok = unsafe { dladdr1(eval as *const c_void, &mut info, &mut extra, RTLD_DL_SYMENT) };
+    if ok == 0 || extra.is_null() {
+        return None;
+    }
+    // SAFETY: with RTLD_DL_SYMENT, `extra` points at the symbol's `Elf64_Sym`.
+    let size = unsafe { (*(extra as *const libc::Elf64_Sym)).st_size };
+    if size == 0 {
+        return None;
+    }
+    type Allocator = unsafe extern "C" fn(c_int, *mut PyMemAllocatorEx);
+    type Flag = unsafe extern "C" fn() -> c_int;
+    type ThreadState = unsafe extern "C" fn() -> *mut c_void;
+    // SAFETY: each address is the named CPython function, whose C signature is the one
+    // transmuted to (Include/pymem.h, pylifecycle.h, pystate.h).
+    unsafe {
+        Some(Py {
+            minor,
+            get_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_GetAllocator")?),
+            set_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_SetAllocator")?),
+            is_initialized: std::mem::transmute::<usize, Flag>(f(c"Py_IsInitialized")?),
+            gil_check: std::mem::transmute::<usize, Flag>(f(c"PyGILState_Check")?),
+            this_thread_state: std::mem::transmute::<usize, ThreadState>(f(
+                c"PyGILState_GetThisThreadState",
+            )?),
+            eval_lo: eval as u64,
+            eval_hi: eval as u64 + size,
+            code_type: f(c"PyCode_Type")?,
+            unicode_type: f(c"PyUnicode_Type")?,
+            bytes_type: f(c"PyBytes_Type")?,
+            off,
+        })
+    }
+}
+
+/// 3.13: the offsets CPython publishes for debuggers at the start of `_PyRuntime`
+/// (`_Py_DebugOffsets`, Include/internal/pycore_runtime.h), checked: cookie `xdebugpy`, the
+/// same version as `Py_Version`, not free-threaded.
+fn debug_offsets(version: u64) -> Option<Offsets> {
+    let rt = sym(c"_PyRuntime");
+    if rt == 0 {
+        return None;
+    }
+    // SAFETY: `_PyRuntime` starts with `_Py_DebugOffsets`, 64-bit words after the 8-byte
+    // cookie; the words read (up to index 45) lie within it in 3.13.
+    let w = |i: usize| unsafe { *(rt as *const u64).add(i) } as usize;
+    // SAFETY: as above: the cookie is the first 8 bytes.
+    let cookie = unsafe { *(rt as *const [u8; 8]) };
+    if &cookie != b"xdebugpy" || (w(1) as u64) >> 16 != version >> 16 || w(2) != 0 {
+        return None;
+    }
+    let o = Offsets {
+        cframe: None,
+        current_frame: w(23),
+        f_code: w(30),
+        f_previous: w(29),
+        f_instr: w(31),
+        f_owner: w(33),
+        f_is_entry: None,
+        co_adaptive: w(43),
+        co_qualname: w(37),
+        co_filename: w(35),
+        co_firstlineno: w(39),
+        co_linetable: w(38),
+        ascii_size: 40,
+        compact_size: 56,
+    };
+    // Anything beyond a few hundred bytes is not a layout this code understands.
+    let all = [
+        o.current_frame,
+        o.f_code,
+        o.f_previous,
+        o.f_instr,
+        o.f_owner,
+        o.co_adaptive,
+        o.co_qualname,
+        o.co_filename,
+        o.co_firstlineno,
+        o.co_linetable,
+    ];
+    all.iter().all(|&x| x < 4096).then_some(o)
+}
+
+/// After a `dlclose`: when the interpreter's code is no longer mapped (an embedding program
+/// unloaded `libpython`), stop calling into it. Call where the loader lock may be taken.
+pub fn forget_if_unloaded() {
+    let Some(py) = py() else { return };
+    // SAFETY: a zeroed Dl_info is a valid out-parameter; dladdr only reads the loader's list.
+    let mapped = unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        libc::dladdr(py.is_initialized as *const c_void, &mut info) != 0
+    };
+    if !mapped {
+        STATE.store(ABSENT, Ordering::Release);
+    }
+}
+
+/// Wraps the interpreter's allocators once it is ready (see the module documentation); a
+/// relaxed load when there is nothing to do.
+#[inline]
+pub fn poll() {
+    if STATE.load(Ordering::Relaxed) == DETECTED {
+        try_install();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn try_install() {
+    let Some(py) = py() else { return };
+    if state::inside_shim() {
+        return;
+    }
+    // SAFETY: both are plain reads of interpreter state, callable from any thread at any
+    // time (Py_IsInitialized reads a flag; PyGILState_Check compares thread states).
+    if unsafe { (py.is_initialized)() } == 0 || unsafe { (py.gil_check)() } == 0 {
+        return;
+    }
+    if STATE
+        .compare_exchange(DETECTED, INSTALLING, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    codes_table();
+    for (domain, orig, wrapper) in [
+        (PYMEM_DOMAIN_MEM, &ORIG_MEM, 0usize),
+        (PYMEM_DOMAIN_OBJ, &ORIG_OBJ, 1),
+    ] {
+        let mut a = PyMemAllocatorEx {
+            ctx: std::ptr::null_mut(),
+            malloc: None,
+            calloc: None,
+            realloc: None,
+            free: None,
+        };
+        // SAFETY: this thread holds the GIL (checked above), as PyMem_GetAllocator and
+        // PyMem_SetAllocator require after initialization; `a` is a valid out-parameter.
+        unsafe { (py.get_allocator)(domain, &mut a) };
+        if a.malloc.is_none() || a.calloc.is_none() || a.realloc.is_none() || a.free.is_none() {
+            continue;
+        }
+        // SAFETY: see `Cell`: only the installing thread writes, before ACTIVE; the wrappers
+        // read it only once set as the domain's allocator below.
+        unsafe { *orig.0.get() = Some(a) };
+        // SAFETY: set just above.
+        let ctx = unsafe { (*orig.0.get()).as_mut().unwrap() as *mut PyMemAllocatorEx };
+        let _ = wrapper;
+        let mut w = PyMemAllocatorEx {
+            ctx: ctx as *mut c_void,
+            malloc: Some(py_malloc),
+            calloc: Some(py_calloc),
+            realloc: Some(py_realloc),
+            free: Some(py_free),
+        };
+        // SAFETY: as above; the wrappers forward every call to the saved original, as the
+        // API requires of an allocator installed after initialization.
+        unsafe { (py.set_allocator)(domain, &mut w) };
+    }
+    STATE.store(ACTIVE, Ordering::Release);
+}
+
+/// # Safety
+/// `ctx` is the `PyMemAllocatorEx` saved by `try_install`.
+#[inline(always)]
+unsafe fn orig(ctx: *mut c_void) -> &'static PyMemAllocatorEx {
+    // SAFETY: the caller's contract; the saved allocators are never freed or changed.
+    unsafe { &*(ctx as *const PyMemAllocatorEx) }
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: CPython calls us with the ctx we installed; the original is complete.
+    let o = unsafe { orig(ctx) };
+    // SAFETY: forwarding the caller's arguments to the original allocator.
+    let p = state::forwarding(|| unsafe { (o.malloc.unwrap_unchecked())(o.ctx, size) });
+    crate::hooks::record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: as in py_malloc.
+    let o = unsafe { orig(ctx) };
+    // SAFETY: as in py_malloc.
+    let p = state::forwarding(|| unsafe { (o.calloc.unwrap_unchecked())(o.ctx, n, size) });
+    crate::hooks::record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    p
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: as in py_malloc.
+    let o = unsafe { orig(ctx) };
+    let old = crate::hooks::record_free(ptr as *mut u8);
+    // SAFETY: as in py_malloc.
+    let q = state::forwarding(|| unsafe { (o.realloc.unwrap_unchecked())(o.ctx, ptr, size) });
+    if !q.is_null() {
+        crate::hooks::record_alloc(q as *mut u8, size, fp);
+    } else if let Some(old_size) = old {
+        // Failure leaves the old block valid: record it again.
+        crate::hooks::record_alloc(ptr as *mut u8, old_size as usize, fp);
+    }
+    q
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: as in py_malloc.
+    let o = unsafe { orig(ctx) };
+    crate::hooks::record_free(ptr as *mut u8);
+    // SAFETY: as in py_malloc.
+    state::forwarding(|| unsafe { (o.free.unwrap_unchecked())(o.ctx, ptr) });
+}
+
+// ---- frames ------------------------------------------------------------------------------
+
+/// Most interpreter frames visited per capture (a cycle or a corrupt chain ends there).
+const MAX_VISITS: usize = 1024;
+
+#[inline(always)]
+fn plausible(p: usize) -> bool {
+    (4096..(1 << 47)).contains(&p) && p.is_multiple_of(8)
+}
+
+/// Reads a word of interpreter memory at `p + off`.
+///
+/// # Safety
+/// `p` must point to a live interpreter structure of which `off` is a field.
+#[inline(always)]
+unsafe fn rd(p: usize, off: usize) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::read_volatile((p + off) as *const usize) }
+}
+
+/// Splices the calling thread's Python frames into `frames[..n]` (native return addresses,
+/// leaf first) after each frame of `_PyEval_EvalFrameDefault`; returns the new depth (at most
+/// [`MAX_FRAMES`]; the root side is cut). A no-op unless the allocators are wrapped.
+#[inline]
+pub(crate) fn splice(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
+    if STATE.load(Ordering::Relaxed) != ACTIVE {
+        return n;
+    }
+    splice_active(g, t, frames, n)
+}
+
+#[inline(never)]
+fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
+    let Some(py) = py() else { return n };
+    // Only stacks through the eval loop have Python frames.
+    let n = n.min(MAX_FRAMES);
+    let in_eval = |pc: u64| {
+        let a = pc.wrapping_sub(1);
+        a >= py.eval_lo && a < py.eval_hi
+    };
+    let Some(first_eval) = frames[..n].iter().position(|&pc| in_eval(pc)) else {
+        return n;
+    };
+    // SAFETY: plain reads of interpreter state; after finalization began Py_IsInitialized is
+    // 0 and the thread-state key may be gone, so nothing further is read.
+    if unsafe { (py.is_initialized)() } == 0 {
+        return n;
+    }
+    // SAFETY: reads this thread's entry of the thread-state key (pthread_getspecific).
+    let ts = unsafe { (py.this_thread_state)() } as usize;
+    if !plausible(ts) {
+        return n;
+    }
+    let o = &py.off;
+    // SAFETY: `ts` is this thread's live PyThreadState; the fields are those of its version.
+    let mut f = unsafe {
+        match o.cframe {
+            Some(cf) => {
+                let c = rd(ts, cf);
+                // The thread's `_PyCFrame`: the root one inside its thread state, or the one
+                // of an eval loop on its stack. Anything else means offsets that do not fit
+                // this build: no Python frames rather than a wild read.
+                let on_stack = c >= t.stack_lo.get() && c < t.stack_hi.get();
+                if !plausible(c) || !(on_stack || (c >= ts && c < ts + 4096)) {
+                    return n;
+                }
+                rd(c, o.current_frame)
+            }
+            None => rd(ts, o.current_frame),
+        }
+    };
+    let mut native = [0u64; MAX_FRAMES];
+    native[..n].copy_from_slice(&frames[..n]);
+    let mut out = first_eval;
+    let mut visits = 0;
+    for &pc in &native[first_eval..n] {
+        let mut pc = pc;
+        if in_eval(pc) {
+            let before = out;
+            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+            if out > before {
+                pc |= PYTHON_EVAL_FRAME;
+            }
+        }
+        if out == MAX_FRAMES {
+            break;
+        }
+        frames[out] = pc;
+        out += 1;
+    }
+    // The native walk ended before the outer runs of the eval loop (at code without unwind
+    // information, such as `-X perf`'s trampolines): their Python frames go on the root
+    // side, without the native frames between them, as memray and py-spy do.
+    if n < MAX_FRAMES {
+        while out < MAX_FRAMES && plausible(f) && visits < MAX_VISITS {
+            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+        }
+    }
+    out
+}
+
+/// Appends to `frames[..*out]` the Python frames of the run of the eval loop whose innermost
+/// frame is `*f` (innermost first: they are the callees of the native frame of that run), and
+/// leaves `*f` at the innermost frame of the next run out.
+fn run_frames(
+    g: &Global,
+    py: &Py,
+    f: &mut usize,
+    visits: &mut usize,
+    frames: &mut [u64; MAX_FRAMES],
+    out: &mut usize,
+) {
+    let o = &py.off;
+    {
+        let (f, visits, out) = (f, visits, out);
+        while plausible(*f) && *visits < MAX_VISITS {
+            *visits += 1;
+            let cur = *f;
+            // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
+            // are those of its version.
+            let (owner, prev) =
+                unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
+            *f = prev;
+            if o.f_is_entry.is_none() && owner == OWNED_BY_CSTACK {
+                // 3.12+: the shim frame under the first frame of this run.
+                break;
+            }
+            // SAFETY: as above.
+            let entry = o
+                .f_is_entry
+                .is_some_and(|e| unsafe { *((cur + e) as *const u8) } != 0);
+            if *out < MAX_FRAMES {
+                if let Some(v) = python_frame(g, py, cur) {
+                    frames[*out] = v;
+                    *out += 1;
+                }
+            }
+            if entry {
+                break;
+            }
+        }
+    }
+}
+
+/// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.
+#[inline]
+fn python_frame(g: &Global, py: &Py, f: usize) -> Option<u64> {
+    let o = &py.off;
+    // SAFETY: `f` is a live frame of this thread (see `splice_active`).
+    let code = unsafe { rd(f, o.f_code) };
+    // SAFETY: checked plausible before reading its type (PyObject.ob_type at 8).
+    if !plausible(code) || unsafe { rd(code, 8) } != py.code_type {
+        return None;
+    }
+    // SAFETY: a code object: `ob_size` (16) is its number of code units.
+    let (instr, units) = unsafe { (rd(f, o.f_instr), rd(code, 16)) };
+    let base = code + o.co_adaptive;
+    let index = if instr >= base && (instr - base) / 2 < units.min(u32::MAX as usize) {
+        ((instr - base) / 2) as u64
+    } else {
+        u32::MAX as u64
+    };
+    let id = code_id(g, py, code);
+    Some(PYTHON_FRAME | (id << 32) | index)
+}
+
+// ---- code records ------------------------------------------------------------------------
+
+/// Slots of the code table (code object → record): 16 bytes each, 4 MiB, touched lazily.
+const SLOTS: usize = 1 << 18;
+/// Slots probed per lookup.
+const PROBES: usize = 32;
+
+/// The code table: `SLOTS` pairs of (code object address, fingerprint << 32 | record), made
+/// at installation; null when the mapping failed (frames then name no code).
+static CODES: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+
+fn codes_table() {
+    let p = crate::sys::map_anon(SLOTS * 16) as *mut AtomicU64;
+    CODES.store(p, Ordering::Release);
+}
+
+/// What tells a code object from an earlier one at the same address: its first line and the
+/// addresses of its qualified name and line table.
+///
+/// # Safety
+/// `code` must be a live code object.
+#[inline]
+unsafe fn fingerprint(o: &Offsets, code: usize) -> u64 {
+    // SAFETY: the caller's contract.
+    let (q, l, line) = unsafe {
+        (
+            rd(code, o.co_qualname),
+            rd(code, o.co_linetable),
+            *((code + o.co_firstlineno) as *const u32),
+        )
+    };
+    let h = (q as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17)
+        ^ (l as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ line as u64;
+    (h >> 32).max(1)
+}
+
+/// The record of `code` (written now if it is new), 0 when none can be written.
+fn code_id(g: &Global, py: &Py, code: usize) -> u64 {
+    let t = CODES.load(Ordering::Acquire);
+    if t.is_null() {
+        return 0;
+    }
+    // SAFETY: `code` is a live code object (its type was checked).
+    let fp = unsafe { fingerprint(&py.off, code) };
+    let h = (code as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+    for i in 0..PROBES {
+        let s = (h as usize + i) & (SLOTS - 1);
+        // SAFETY: `s < SLOTS`: two words per slot inside the mapping.
+        let (key, val) = unsafe { (&*t.add(2 * s), &*t.add(2 * s + 1)) };
+        let k = key.load(Ordering::Acquire);
+        if k == code as u64 {
+            let v = val.load(Ordering::Acquire);
+            if v != 0 && v >> 32 == fp {
+                return v & 0xffff_ffff;
+            }
+            // A new code object where a dead one was (or the slot is being filled).
+            let id = write_record(g, py, code);
+            if id != 0 && v != 0 {
+                val.store(fp << 32 | id, Ordering::Release);
+            }
+            return id;
+        }
+        if k == 0 {
+            let id = write_record(g, py, code);
+            if id != 0
+                && key
+                    .compare_exchange(0, code as u64, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                val.store(fp << 32 | id, Ordering::Release);
+            }
+            return id;
+        }
+    }
+    0
+}
+
+/// A `str` object's characters: (kind: 1, 2 or 4 bytes per character, data, length), for the
+/// compact forms CPython uses for names; `None` otherwise.
+///
+/// # Safety
+/// `s` must be a live object (its type is checked here).
+unsafe fn unicode(py: &Py, s: usize) -> Option<(usize, usize, usize)> {
+    // SAFETY: the caller's contract: ob_type at 8.
+    if !plausible(s) || unsafe { rd(s, 8) } != py.unicode_type {
+        return None;
+    }
+    // SAFETY: a str: `length` at 16, `state` at 32 (bit fields: interned:2, kind:3,
+    // compact:1, ascii:1).
+    let (len, state) = unsafe { (rd(s, 16), *((s + 32) as *const u32)) };
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) {
+        return None;
+    }
+    let data = s + if ascii != 0 {
+        py.off.ascii_size
+    } else {
+        py.off.compact_size
+    };
+    Some((kind as usize, data, len.min(4096)))
+}
+
+/// Calls `put` with the UTF-8 bytes of a `str`'s characters.
+///
+/// # Safety
+/// As [`unicode`]'s result: `data` holds `len` characters of `kind` bytes.
+unsafe fn utf8(kind: usize, data: usize, len: usize, mut put: impl FnMut(u8)) {
+    for i in 0..len {
+        // SAFETY: i < len characters of `kind` bytes.
+        let c = unsafe {
+            match kind {
+                1 => *((data + i) as *const u8) as u32,
+                2 => *((data + 2 * i) as *const u16) as u32,
+                _ => *((data + 4 * i) as *const u32),
+            }
+        };
+        let mut b = [0u8; 4];
+        let s = char::from_u32(c).unwrap_or('?').encode_utf8(&mut b);
+        s.bytes().for_each(&mut put);
+    }
+}
+
+/// Writes the code record of `code` into the region (see `PYTHON_FRAME`); its first word's
+/// index, 0 when it cannot be written (section full, strings of an unknown form).
+#[cold]
+fn write_record(g: &Global, py: &Py, code: usize) -> u64 {
+    let o = &py.off;
+    // SAFETY: `code` is a live code object; its fields are those of its version.
+    let (q, f, l, first_line) = unsafe {
+        (
+            rd(code, o.co_qualname),
+            rd(code, o.co_filename),
+            rd(code, o.co_linetable),
+            *((code + o.co_firstlineno) as *const i32),
+        )
+    };
+    // SAFETY: fields of a live code object; `unicode` checks their type.
+    let (qs, fs) = unsafe { (unicode(py, q), unicode(py, f)) };
+    let count = |s: Option<(usize, usize, usize)>, max: usize| {
+        let mut n = 0;
+        if let Some((k, d, len)) = s {
+            // SAFETY: from `unicode`.
+            unsafe { utf8(k, d, len, |_| n += 1) };
+        }
+        n.min(max)
+    };
+    let (qlen, flen) = (count(qs, 1024), count(fs, 4096));
+    // SAFETY: ob_type at 8 of a field of a live code object; a bytes object's size at 16.
+    let table = plausible(l) && unsafe { rd(l, 8) } == py.bytes_type;
+    let full_llen = if table {
+        // SAFETY: as above.
+        unsafe { rd(l, 16) }
+    } else {
+        0
+    };
+    let room = (PYTHON_RECORD_MAX_WORDS - PYTHON_RECORD_WORDS) as usize * 8 - qlen - flen;
+    let llen = full_llen.min(room);
+    let words = PYTHON_RECORD_WORDS + (qlen + flen + llen).div_ceil(8) as u64;
+    let Some(first) = g.writer.claim_python(words) else {
+        return 0;
+    };
+    let w = &g.writer;
+    let mut acc = 0u64;
+    let mut nb = 0usize;
+    let mut at = first + PYTHON_RECORD_WORDS;
+    let mut push = |b: u8| {
+        acc |= (b as u64) << (8 * (nb % 8));
+        nb += 1;
+        if nb.is_multiple_of(8) {
+            w.python_word(at).store(acc, Ordering::Relaxed);
+            at += 1;
+            acc = 0;
+        }
+    };
+    for (s, max) in [(qs, qlen), (fs, flen)] {
+        if let Some((k, d, len)) = s {
+            let mut left = max;
+            // SAFETY: from `unicode`.
+            unsafe {
+                utf8(k, d, len, |b| {
+                    if left > 0 {
+                        left -= 1;
+                        push(b);
+                    }
+                })
+            };
+        }
+    }
+    for i in 0..llen {
+        // SAFETY: a bytes object's `ob_sval` (at 32) holds `ob_size` bytes; i < ob_size.
+        push(unsafe { *((l + 32 + i) as *const u8) });
+    }
+    if !nb.is_multiple_of(8) {
+        w.python_word(at).store(acc, Ordering::Relaxed);
+    }
+    w.python_word(first + 1)
+        .store(code as u64, Ordering::Relaxed);
+    w.python_word(first + 2).store(
+        first_line.max(0) as u64 | (qlen as u64) << 32 | (flen as u64) << 48,
+        Ordering::Relaxed,
+    );
+    w.python_word(first + 3).store(
+        llen as u64 | (py.minor as u64) << 32 | ((llen < full_llen) as u64) << 40,
+        Ordering::Relaxed,
+    );
+    w.python_word(first)
+        .store(words | PYTHON_RECORD_PUBLISHED, Ordering::Release);
+    first
+}
