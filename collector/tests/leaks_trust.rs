@@ -70,8 +70,8 @@ fn a_mapping_merged_with_a_malloc_chunk_is_still_a_root() {
     assert_eq!(r.finish(), 0);
 }
 
-/// The Python interpreters to try: `python3` on PATH and Debian's `/usr/bin/python3` when it
-/// is another one.
+/// The Python interpreters to try: `python3` on PATH, Debian's `/usr/bin/python3`, and
+/// pyenv's 3.11 and later (`$PYENV_ROOT` or `~/.pyenv`), each once.
 fn pythons() -> Vec<String> {
     let mut out = Vec::new();
     let exe = |p: &str| {
@@ -85,19 +85,55 @@ fn pythons() -> Vec<String> {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     };
+    let mut candidates = vec!["python3".to_owned(), "/usr/bin/python3".to_owned()];
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pyenv")));
+    if let Some(Ok(rd)) = pyenv.map(|p| std::fs::read_dir(p.join("versions"))) {
+        let mut versions: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|v| {
+                let mut it = v.split('.');
+                it.next() == Some("3")
+                    && it
+                        .next()
+                        .and_then(|m| m.parse::<u32>().ok())
+                        .is_some_and(|m| m >= 11)
+            })
+            .collect();
+        versions.sort();
+        for v in versions {
+            let p = pyenv_bin(&v);
+            candidates.push(p);
+        }
+    }
     let mut seen = Vec::new();
-    for p in ["python3", "/usr/bin/python3"] {
+    for p in &candidates {
         match exe(p) {
             Some(id) if !seen.contains(&id) => {
                 println!("python: {p} = {id}");
                 seen.push(id);
-                out.push(p.to_owned());
+                out.push(p.clone());
             }
             Some(_) => {}
             None => println!("skipped: {p}: not installed"),
         }
     }
     out
+}
+
+/// `python3` of pyenv's version `v`.
+fn pyenv_bin(v: &str) -> String {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    root.join("versions")
+        .join(v)
+        .join("bin/python3")
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The script: a 200,000-entry dict in a global, bytearrays small and large (above the mmap

@@ -585,6 +585,41 @@ fn region_files(dir: &Path) -> Vec<String> {
     out
 }
 
+/// A region renamed aside for an exec by a process killed before the exec ended
+/// (`PID-TICKS-NS.heapdump.exec` of a process that is gone) is removed by the next process
+/// that starts recording into the directory; a live process's is left alone.
+#[test]
+fn a_region_left_aside_by_a_killed_exec_is_removed() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("exec-aside");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // Dead: a pid above pid_max. Alive: this test process, with its own start time.
+    let me = std::process::id();
+    let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+    let ticks = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    let dead = "4999999-77-1000.heapdump.exec".to_owned();
+    let alive = format!("{me}-{ticks}-1000.heapdump.exec");
+    for n in [&dead, &alive] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(n))
+            .unwrap();
+    }
+    let r = start(Command::new(&exe), &dir, true);
+    let files = region_files(&dir);
+    assert!(!files.contains(&dead), "{files:?}");
+    assert!(files.contains(&alive), "{files:?}");
+    assert_eq!(r.finish(), 0);
+}
+
 /// Issue 19 D11: three forked children exec a static binary (through execl, execv, execvp):
 /// none leaves its region (3 files before the fix); a fourth one's exec fails, and its region
 /// is back under its own name, still recorded into, with nothing left aside.

@@ -474,7 +474,15 @@ fn bound_dead_regions(dir: &[u8; 512], max: u64) {
         let Some((pid, ticks, created)) = parse_region_name(name.to_bytes()) else {
             continue;
         };
-        if !alive(pid, ticks) {
+        if alive(pid, ticks) {
+            continue;
+        }
+        if name.to_bytes().ends_with(b".exec") {
+            // Renamed aside for an exec and never removed (the process was killed meanwhile):
+            // nobody lists it, so it goes at once.
+            // SAFETY: `d` is open; the name is NUL-terminated and relative to it.
+            unsafe { libc::unlinkat(libc::dirfd(d), (*e).d_name.as_ptr(), 0) };
+        } else {
             dead.push((created, name.to_owned()));
         }
     }
@@ -490,8 +498,11 @@ fn bound_dead_regions(dir: &[u8; 512], max: u64) {
     unsafe { libc::closedir(d) };
 }
 
-/// `PID-TICKS-NS.heapdump` → (pid, start ticks, creation ns).
+/// `PID-TICKS-NS.heapdump` → (pid, start ticks, creation ns); also a region renamed aside
+/// for an `exec` (`PID-TICKS-NS.heapdump.exec`, see `exec.rs`), which a process killed during
+/// its exec leaves behind.
 fn parse_region_name(name: &[u8]) -> Option<(u64, u64, u64)> {
+    let name = name.strip_suffix(b".exec").unwrap_or(name);
     let stem = name.strip_suffix(b".heapdump")?;
     let mut it = stem.split(|b| *b == b'-');
     let r = (
@@ -549,7 +560,9 @@ fn remove_stale(dir: &[u8; 512], pid: u32, ticks: u64) {
         }
         // SAFETY: d_name is NUL-terminated.
         let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_bytes();
-        if name.starts_with(&prefix[..plen]) && name.ends_with(b".heapdump") {
+        if name.starts_with(&prefix[..plen])
+            && (name.ends_with(b".heapdump") || name.ends_with(b".heapdump.exec"))
+        {
             // SAFETY: `d` is open; unlinkat takes a NUL-terminated name relative to it.
             unsafe { libc::unlinkat(libc::dirfd(d), (*e).d_name.as_ptr(), 0) };
         }

@@ -1247,11 +1247,13 @@ mod tests {
         assert_eq!(subtract(0, 5, &[]), vec![(0, 5)]);
     }
 
-    /// glibc's own chunks in this process: a 1 MiB block (an mmapped chunk: its mapping), a
+    /// glibc's own chunks in this process: a 40 MiB block (an mmapped chunk whatever the
+    /// dynamic threshold, which other tests' frees may have raised up to 32 MiB), a
     /// small block of another thread (a thread arena: its 64 MiB-aligned heap), and a block
     /// of the program's own mapping (no glibc header: nothing but itself).
     #[test]
     fn allocator_ranges_of_glibc_chunks_in_this_process() {
+        const BIG: usize = 40 << 20;
         let b = |address, size| Block {
             address,
             size,
@@ -1260,7 +1262,7 @@ mod tests {
         };
         // SAFETY: plain malloc/free of glibc (the test binary's allocator is glibc's too);
         // the blocks are freed at the end and never dereferenced here.
-        let big = unsafe { libc::malloc(1 << 20) } as u64;
+        let big = unsafe { libc::malloc(BIG) } as u64;
         let small = std::thread::spawn(|| unsafe { libc::malloc(100) } as u64)
             .join()
             .unwrap();
@@ -1278,7 +1280,7 @@ mod tests {
         let pid = std::process::id();
         let maps = read_maps(pid).unwrap();
         let mem = Memory::open(pid, own).unwrap();
-        let mut blocks = vec![b(big, 1 << 20), b(small, 100), b(own + 4096, 64)];
+        let mut blocks = vec![b(big, BIG as u64), b(small, 100), b(own + 4096, 64)];
         blocks.sort_by_key(|x| x.address);
         let ranges = allocator_ranges(&maps, &blocks, &mem);
         let holding = |a: u64| ranges.iter().find(|r| a >= r.0 && a < r.1).copied();
@@ -1286,7 +1288,7 @@ mod tests {
         let r = holding(big).expect("the mmapped chunk");
         assert_eq!(r.0, chunk, "{ranges:x?}");
         assert!(
-            r.1 >= chunk + (1 << 20) + 16 && r.1 % 4096 == 0,
+            r.1 >= chunk + BIG as u64 + 16 && r.1 % 4096 == 0,
             "{ranges:x?}"
         );
         let r = holding(small).expect("the thread arena");
