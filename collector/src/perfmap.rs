@@ -247,15 +247,19 @@ pub fn frame_of(name: &str) -> Frame {
             None if rest.contains(':') && rest.contains('/') => ("", rest),
             None => (rest, ""),
         };
-        let mut it = loc.rsplitn(3, ':');
-        let (col, line, file) = (it.next(), it.next(), it.next());
         let func = if func.is_empty() { "(anonymous)" } else { func };
-        if let (Some(c), Some(l), Some(f)) = (col, line, file) {
-            if let (Ok(l), Ok(_)) = (l.parse::<u32>(), c.parse::<u32>()) {
+        // `file:line:column` (V8 since 2021) or `file:line` (older).
+        let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if let Some((head, last)) = loc.rsplit_once(':').filter(|(_, l)| number(l)) {
+            let (file, line) = match head.rsplit_once(':') {
+                Some((f, l)) if number(l) => (f, l),
+                _ => (head, last),
+            };
+            if let (false, Ok(line)) = (file.is_empty(), line.parse::<u32>()) {
                 return Frame {
                     function: func.to_owned(),
-                    file: f.to_owned(),
-                    line: l,
+                    file: file.to_owned(),
+                    line,
                 };
             }
         }
@@ -649,6 +653,21 @@ mod tests {
         assert_eq!(
             (f.function.as_str(), f.file.as_str(), f.line),
             ("get size", "file:///srv/a.mjs", 12)
+        );
+        let f = frame_of("LazyCompile:*makeBuffers /tmp/x/bufs.js:3");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("makeBuffers", "/tmp/x/bufs.js", 3)
+        );
+        let f = frame_of("JS:~f file:///srv/a.mjs:7");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("f", "file:///srv/a.mjs", 7)
+        );
+        let f = frame_of("JS:*g native array.js");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str()),
+            ("g native array.js", "")
         );
         let f = frame_of("JS:^ node:internal/main/run_main_module:1:1");
         assert_eq!(

@@ -27,8 +27,8 @@
 //!
 //! Code with no CFI (generated code, objects without `.eh_frame_hdr`) is unwound as if it kept
 //! frame pointers, except CPython's perf trampolines (`-X perf`), recognised by their code
-//! bytes and stepped over (see [`trampoline_rule`]). CFI that is not of the simple forms above (DWARF expressions, as in signal
-//! trampolines) ends the stack trace there.
+//! bytes and stepped over (see [`trampoline_rule`]). CFI that is not of the simple forms above
+//! (DWARF expressions, as in signal trampolines) ends the stack trace there.
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, NativeEndian, ParsedEhFrameHdr,
@@ -848,8 +848,12 @@ mod tests {
         }
     }
 
-    /// What the walk inside [`through_trampoline`] saw: frames and how many.
-    static mut SEEN: ([u64; MAX_FRAMES], usize) = ([0; MAX_FRAMES], 0);
+    thread_local! {
+        /// What the walk inside [`through_trampoline`] saw on this thread: frames and how
+        /// many.
+        static SEEN: std::cell::Cell<([u64; MAX_FRAMES], usize)> =
+            const { std::cell::Cell::new(([0; MAX_FRAMES], 0)) };
+    }
 
     /// Called by a trampoline copy; walks from here (CFI, from this function's registers).
     #[inline(never)]
@@ -858,14 +862,16 @@ mod tests {
         let bp = crate::frame_pointer!() as u64;
         let hi = crate::unwind::current_stack_bounds(false).1;
         let c = new_cache();
-        assert!(!c.is_null());
+        if c.is_null() {
+            // No panic across the C ABI: the test sees no frames.
+            return;
+        }
         let mut out = [0u64; MAX_FRAMES];
         // SAFETY: fresh cache, used only here and freed below.
         let n = walk_from(pc, sp, bp, hi, unsafe { &mut *c }, &mut out);
         // SAFETY: from new_cache, not used again.
         unsafe { free_cache(c) };
-        // SAFETY: only this test's thread writes SEEN, before the test reads it.
-        unsafe { SEEN = (out, n) };
+        SEEN.set((out, n));
     }
 
     /// Copies `template` into a fresh executable mapping and calls `walk_here` through it
@@ -898,7 +904,7 @@ mod tests {
             f(1, 2, 3, walk_here);
             std::hint::black_box(());
             libc::munmap(m, 4096);
-            let (out, n) = SEEN;
+            let (out, n) = SEEN.get();
             (at as u64, out, n)
         }
     }
