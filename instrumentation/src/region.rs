@@ -306,6 +306,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
             caps.nodes /= 2;
             caps.stacks = (caps.stacks / 2).max(caps.stacks.min(4096));
             caps.frames = caps.stacks * 24;
+            caps.python_words = (caps.python_words / 2).max(caps.python_words.min(64 << 10));
         }
         if caps != settings.caps {
             let mut num = [0u8; 20];

@@ -105,6 +105,16 @@ fn read_all(bytes: &[u8]) -> Option<u64> {
     for id in 0..(r.stack_count() as u32 + 4) {
         if let Some(f) = r.stack(id) {
             assert!(f.len() <= vmo_layout::v1::MAX_FRAMES);
+            // Python frames name code records: each is read with its bounds checked.
+            for w in f {
+                if let Some(c) = r.python_code(w) {
+                    assert!(c.linetable.len() as u64 <= bytes.len() as u64);
+                }
+            }
+        }
+        // And records anywhere in the section.
+        for i in 0..64u64 {
+            let _ = r.python_code(vmo_layout::v1::PYTHON_FRAME | i << 32);
         }
         let _ = r.stack_totals(id);
     }
