@@ -875,6 +875,16 @@ fn capture(t: &cli::LiveTarget, stage: &dyn Fn(&str)) -> Result<Captured> {
         .collect();
     let (g, stats) =
         graph::scan::build(info.pid, blocks, &c.modules, &path, stopped.as_ref(), stage)?;
+    // The process checked when the region was opened must still be the one read: not gone,
+    // not a zombie, its pid not reused by another.
+    if regions::proc_start_ticks(info.pid) != Some(info.start_ticks)
+        || matches!(regions::proc_state(info.pid), None | Some('Z' | 'X'))
+    {
+        bail!(
+            "pid {} exited during the read: what was read cannot be trusted",
+            info.pid
+        );
+    }
     if let Some(s) = stopped {
         let (threads, seconds) = (s.threads.len(), s.seconds());
         drop(s); // resumes the program

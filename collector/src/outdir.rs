@@ -71,7 +71,9 @@ impl Dir {
                         .recursive(true)
                         .mode(0o700)
                         .create(parent)
-                        .with_context(|| format!("cannot create the directory {}", parent.display()))?;
+                        .with_context(|| {
+                            format!("cannot create the directory {}", parent.display())
+                        })?;
                 }
             }
             // SAFETY: a NUL-terminated path. mkdir never follows a link in the last component

@@ -591,3 +591,61 @@ fn a_target_exiting_during_the_read_is_named_as_such() {
         drop(r);
     }
 }
+
+/// A region whose file name names one running process and whose header names another (the
+/// same program, so the executable matches) is foreign: no command reads either process
+/// through it.
+#[test]
+fn a_region_whose_name_and_header_disagree_is_refused() {
+    let test = "a_region_whose_name_and_header_disagree_is_refused";
+    if !can_run(test) {
+        return;
+    }
+    let da = region_dir("disagree-a");
+    let db = region_dir("disagree-b");
+    // One executable for both (each `hold_sized` call builds a new file).
+    let exe = compile_c("hold_sized", &[]);
+    let run = |dir: &Path, n: &str| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([n, "64"]);
+        start(cmd, dir, true)
+    };
+    let a = run(&da, "10");
+    let b = run(&db, "20");
+    let ra = region_file(&da);
+    let rb = region_file(&db);
+    // A's region under B's name, in a directory of its own.
+    let dir = region_dir("disagree");
+    std::fs::create_dir(&dir).unwrap();
+    mode(&dir, 0o700);
+    let forged = dir.join(rb.file_name().unwrap());
+    std::fs::copy(&ra, &forged).unwrap();
+    mode(&forged, 0o600);
+    let p = b.pid().to_string();
+    for args in [
+        vec![
+            "snapshot",
+            "--by-pid",
+            &p,
+            "-o",
+            "/dev/null",
+            "--with-strings",
+        ],
+        vec!["leaks", "--by-pid", &p],
+    ] {
+        let (ok, _, err) = heapdump_cmd(&dir, &args);
+        assert!(!ok, "{args:?}: {err}");
+        assert!(
+            err.trim().lines().count() == 1
+                && err.contains("foreign region")
+                && err.contains(&format!("its name says pid {}", b.pid()))
+                && err.contains(&format!("its header pid {}", a.pid())),
+            "{args:?}: {err}"
+        );
+    }
+    let (ok, stdout, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v[0]["status"], "foreign", "{stdout}");
+    drop((a, b));
+}
