@@ -242,6 +242,14 @@ fn survive(
                 .collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let t = heapdump_timeout(dir, &args, LIMIT);
+            for (what, text) in [("stdout", &t.stdout), ("stderr", &t.stderr)] {
+                if text.starts_with("[not UTF-8]") {
+                    eprintln!(
+                        "{args:?}: {what} not UTF-8: {}",
+                        &text[..text.len().min(300)]
+                    );
+                }
+            }
             assert!(!t.timed_out, "{args:?} hung: {}", t.stderr);
             assert!(
                 !t.stderr.contains("panicked"),
