@@ -129,6 +129,31 @@ fn impossible_sizes_and_addresses_are_skipped_and_reported() {
     ] {
         damaged(&dir, &args, "region damaged: 4 of ");
     }
+
+    // `watch` writes its files, says so in each, and ends with the same status.
+    let watched = dir.join("watch");
+    damaged(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid,
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            watched.to_str().unwrap(),
+        ],
+        "region damaged: 4 of ",
+    );
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(&watched)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(damage_comments(&files[0]).len(), 1);
     drop(r);
 }
 
@@ -217,6 +242,14 @@ fn survive(
                 .collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let t = heapdump_timeout(dir, &args, LIMIT);
+            for (what, text) in [("stdout", &t.stdout), ("stderr", &t.stderr)] {
+                if text.starts_with("[not UTF-8]") {
+                    eprintln!(
+                        "{args:?}: {what} not UTF-8: {}",
+                        &text[..text.len().min(300)]
+                    );
+                }
+            }
             assert!(!t.timed_out, "{args:?} hung: {}", t.stderr);
             assert!(
                 !t.stderr.contains("panicked"),

@@ -135,7 +135,23 @@ pub fn validate_within(blocks: &mut Vec<Block>, max_size: u64) -> Damage {
         }
         true
     });
-    blocks.sort_unstable_by_key(|b| (b.address, b.size, b.t_alloc, b.stack, b.thread));
+    // By address (cheap), then each run of one address by the whole record (rare: only a
+    // damaged region has two blocks at one address), so that which one is kept does not
+    // depend on the nodes' order.
+    blocks.sort_unstable_by_key(|b| b.address);
+    let key = |b: &Block| (b.address, b.size, b.t_alloc, b.stack, b.thread);
+    let mut i = 0;
+    while i < blocks.len() {
+        let a = blocks[i].address;
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j].address == a {
+            j += 1;
+        }
+        if j - i > 1 {
+            blocks[i..j].sort_unstable_by_key(key);
+        }
+        i = j;
+    }
     let mut end = 0u64; // end of the last block kept
     blocks.retain(|b| {
         if b.address < end {

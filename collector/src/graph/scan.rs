@@ -261,6 +261,8 @@ const GRANULE_SHIFT: u32 = 8;
 /// Blocks further apart than this start a new segment of the index (a gap costs 4 bytes per
 /// granule in the table).
 const SEGMENT_GAP: u64 = 1 << 20;
+/// Granules of table a segment may spend per block on the gaps between its blocks.
+const TABLE_PER_BLOCK: u64 = 64;
 /// Blocks at least this large get a segment of their own, without a table.
 const BIG_BLOCK: u64 = 64 << 10;
 
@@ -324,18 +326,32 @@ impl<'a> Lookup<'a> {
                 i += 1;
                 continue;
             }
-            // Small neighbours: up to a big block or a gap.
+            // Small neighbours: up to a big block or a gap, and while the segment's table
+            // stays within TABLE_PER_BLOCK granules per block plus two per granule of the
+            // blocks' bytes — so that blocks a crafted region spreads just under
+            // SEGMENT_GAP apart cost a few hundred bytes each, not 16 KiB.
+            let start = b.address & !((1 << GRANULE_SHIFT) - 1);
             let mut end = block_end(b);
+            let (mut count, mut bytes) = (1u64, b.size);
             let mut j = i + 1;
             while j < blocks.len()
                 && blocks[j].size < BIG_BLOCK
                 && blocks[j].address < end.saturating_add(SEGMENT_GAP)
             {
-                end = end.max(block_end(&blocks[j]));
+                let new_end = end.max(block_end(&blocks[j]));
+                let granules = (new_end - start) >> GRANULE_SHIFT;
+                let budget = TABLE_PER_BLOCK * (count + 1)
+                    + ((bytes + blocks[j].size) >> (GRANULE_SHIFT - 1));
+                if granules > budget {
+                    break;
+                }
+                end = new_end;
+                count += 1;
+                bytes += blocks[j].size;
                 j += 1;
             }
             segments.push(Segment {
-                start: b.address & !((1 << GRANULE_SHIFT) - 1),
+                start,
                 end,
                 table: 0,
                 first_block: i as u32,
@@ -1409,6 +1425,41 @@ mod tests {
         let units = work_units(&blocks, |b| b.size < 1 << 20);
         assert_eq!(units[1], Unit::Unreadable(4));
         assert_eq!(units.len(), 3);
+    }
+
+    #[test]
+    fn sparse_small_blocks_cost_a_bounded_table() {
+        // A crafted region's 10,000 one-byte blocks, each just under SEGMENT_GAP from the
+        // next: one segment would need 4,096 granules per block.
+        let blocks: Vec<Block> = (0..10_000u64)
+            .map(|i| Block {
+                address: 0x10_0000_0000 + i * (SEGMENT_GAP - 4096),
+                size: 1,
+                stack: 0,
+                thread: 0,
+            })
+            .collect();
+        let l = Lookup::new(&blocks);
+        assert!(
+            l.first.len() as u64 <= (TABLE_PER_BLOCK + 2) * blocks.len() as u64,
+            "{} granules for {} blocks",
+            l.first.len(),
+            blocks.len()
+        );
+        for (i, b) in blocks.iter().enumerate().step_by(97) {
+            assert_eq!(l.find(b.address), Some(i as u32));
+            assert_eq!(l.find(b.address + 1), None);
+        }
+        // Dense blocks still share one segment.
+        let dense: Vec<Block> = (0..10_000u64)
+            .map(|i| Block {
+                address: 0x10_0000 + i * 48,
+                size: 40,
+                stack: 0,
+                thread: 0,
+            })
+            .collect();
+        assert_eq!(Lookup::new(&dense).segments.len(), 1);
     }
 
     #[test]

@@ -106,10 +106,19 @@ pub fn live_nodes(region: &Path) -> Vec<Node> {
 /// least: the header's counters and cursors, the first `nodes` records, the stack entries and
 /// frames in use, the thread slots and the module table. (offset, length) pairs.
 pub fn live_parts(region: &Path, nodes: u64) -> Vec<(u64, u64)> {
-    // flags, start ticks, creation times, executable, sampling interval, state, named
-    // snapshots' floor, lease, cursors, counts: up to the section table; the beginnings of
-    // the executable path, the command line and the warnings.
-    let mut parts = vec![(36u64, 384 - 36), (1024, 64), (2048, 64), (3072, 64)];
+    // flags, creation times, sampling interval, state, named snapshots' floor, lease,
+    // cursors, counts: up to the section table; the beginnings of the executable path, the
+    // command line and the warnings. Not the identity (pid, start ticks, executable's device
+    // and inode): a region claiming another process is the ownership rule's case, and the
+    // analyses of a live process are only reached through a matching one.
+    let mut parts = vec![
+        (36u64, 4),
+        (48, 16),
+        (80, 384 - 80),
+        (1024, 64),
+        (2048, 64),
+        (3072, 64),
+    ];
     let (at, cap, es) = section(region, ALLOCATIONS);
     parts.push((at, nodes.min(cap) * es));
     for kind in [STACK_ENTRIES, STACK_FRAMES, THREADS, MODULES, NAMED] {
@@ -162,7 +171,11 @@ impl Rewriter {
                     let p = (next() % parts.len() as u64) as usize;
                     let (at, len) = parts[p];
                     let k = (next() % (len / 8).max(1)) as usize * 8;
-                    let was = u64::from_ne_bytes(original[p][k..k + 8].try_into().unwrap());
+                    // A part shorter than a word (the 4-byte flags) gets that many bytes.
+                    let n = (len as usize - k).min(8);
+                    let mut word = [0u8; 8];
+                    word[..n].copy_from_slice(&original[p][k..k + n]);
+                    let was = u64::from_ne_bytes(word);
                     let v = match next() % 9 {
                         0 | 1 => next(),
                         2 => 0,
@@ -173,7 +186,7 @@ impl Rewriter {
                         7 => was.wrapping_add(next() % 64).wrapping_sub(32),
                         _ => was,
                     };
-                    let _ = file.write_all_at(&v.to_ne_bytes(), at + k as u64);
+                    let _ = file.write_all_at(&v.to_ne_bytes()[..n], at + k as u64);
                     writes += 1;
                 }
                 if writes.is_multiple_of(8192) {

@@ -433,12 +433,14 @@ pub fn run_timeout(cmd: &mut Command, limit: std::time::Duration) -> Timed {
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
     let elapsed = started.elapsed();
+    // Lossy: a crafted region's strings may reach the output as they are.
     let read = |mut f: std::fs::File| {
         use std::io::{Read, Seek};
-        let mut s = String::new();
+        let mut b = Vec::new();
         f.seek(std::io::SeekFrom::Start(0)).unwrap();
-        f.read_to_string(&mut s).unwrap();
-        s
+        f.read_to_end(&mut b).unwrap();
+        String::from_utf8(b)
+            .unwrap_or_else(|e| format!("[not UTF-8] {}", String::from_utf8_lossy(e.as_bytes())))
     };
     Timed {
         code: status.code(),
