@@ -63,6 +63,40 @@ impl Codes {
     }
 }
 
+/// Drops CPython's `-X perf` trampolines from the stacks that have Python frames.
+///
+/// With `-X perf` (3.12+) each run of the eval loop is entered through a trampoline that the
+/// interpreter's perf map names `py::QUALNAME:FILE`; the unwinder steps over it, so a stack
+/// holds both the trampoline's return address and the Python frame the shim spliced in from
+/// the interpreter's state (same function, with its line). In a stack with Python frames of
+/// the region's code records, return addresses outside every module that `jit` names
+/// `py::…` are removed, so that each Python function appears once. A stack without such
+/// frames (3.12 whose region has no Python section, an older heapdump's region) keeps them:
+/// they are its only Python names.
+pub fn drop_perf_trampolines(
+    stacks: &mut HashMap<u32, Vec<u64>>,
+    codes: &Codes,
+    jit: &crate::perfmap::JitSymbols,
+    modules: &[Module],
+) {
+    let has_python = |frames: &[u64]| {
+        frames
+            .iter()
+            .any(|&f| record_of(f).is_some_and(|id| codes.0.contains_key(&id)))
+    };
+    let trampoline = |f: u64| {
+        let a = f.wrapping_sub(1);
+        f & (PYTHON_FRAME | PYTHON_EVAL_FRAME) == 0
+            && symbolize::module_of(modules, a).is_none()
+            && jit.name(a).is_some_and(|n| n.starts_with("py::"))
+    };
+    for frames in stacks.values_mut() {
+        if has_python(frames) {
+            frames.retain(|&f| !trampoline(f));
+        }
+    }
+}
+
 /// Resolves call-site addresses (return address − 1, as the callers compute them) and Python
 /// frames (their word − 1, likewise) alike: Python frames from `codes`, the rest with
 /// [`symbolize::symbolize`] when `symbolize` is set (else only their module).
@@ -204,6 +238,71 @@ pub fn line_of(table: &[u8], first_line: u32, index: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `-X perf` stack: trampolines (named `py::…` by the perf map, outside every module)
+    /// between the eval loop's runs go when the stack has Python frames of known records;
+    /// a stack without them keeps its trampolines, and a module's code is never dropped even
+    /// if a perf map names its address.
+    #[test]
+    fn perf_trampolines_dropped_only_beside_python_frames() {
+        let mut jit = crate::perfmap::JitSymbols::default();
+        jit.add_perf_map(
+            "7000 b py::build:/a.py\n7100 b py::caller:/a.py\n400100 10 py::odd:/a.py\n",
+        );
+        let modules = vec![Module {
+            path: "/usr/bin/python3.12".into(),
+            base: 0x400000,
+            build_id: Vec::new(),
+            segments: vec![vmo_layout::v1::SegmentV1 {
+                vaddr: 0,
+                memsz: 0x100000,
+                offset_flags: 1 << 56,
+            }],
+            loaded: true,
+        }];
+        let mut codes = Codes::default();
+        codes.0.insert(
+            1,
+            PythonCode {
+                address: 0x9000,
+                qualname: "build".into(),
+                filename: "/a.py".into(),
+                first_line: 1,
+                linetable: Vec::new(),
+                minor: 12,
+                truncated: false,
+            },
+        );
+        let py = |id: u64| PYTHON_FRAME | (id << 32) | 3;
+        let eval = 0x400050 | PYTHON_EVAL_FRAME;
+        let with_python = vec![
+            0x400010,
+            py(1),
+            eval,
+            0x7006,
+            0x400108,
+            py(1),
+            eval,
+            0x7106,
+            0x400020,
+        ];
+        let unknown_record = vec![py(9), eval, 0x7006, 0x400020];
+        let native_only = vec![0x400010, 0x400050, 0x7006, 0x400050, 0x7106, 0x400020];
+        let mut stacks: HashMap<u32, Vec<u64>> = [
+            (1, with_python),
+            (2, unknown_record.clone()),
+            (3, native_only.clone()),
+        ]
+        .into_iter()
+        .collect();
+        drop_perf_trampolines(&mut stacks, &codes, &jit, &modules);
+        assert_eq!(
+            stacks[&1],
+            vec![0x400010, py(1), eval, 0x400108, py(1), eval, 0x400020]
+        );
+        assert_eq!(stacks[&2], unknown_record);
+        assert_eq!(stacks[&3], native_only);
+    }
 
     /// The table CPython 3.11 compiles for
     /// `def f():\n    x = 1\n    return x\n` (firstlineno 1): RESUME on line 1, then two

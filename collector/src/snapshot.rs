@@ -286,6 +286,7 @@ pub fn collect_at(
     notes.extend(jit.sources.iter().map(|s| format!("JIT code names: {s}")));
     let threads = region.threads();
     let python = crate::python::Codes::read(&region, stacks.values());
+    crate::python::drop_perf_trampolines(&mut stacks, &python, &jit, &modules);
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
     }

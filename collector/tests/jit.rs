@@ -240,7 +240,9 @@ fn python_profile(
 
 /// CPython 3.12 and 3.13 with `-X perf` (and 3.12 with `PYTHONPERFSUPPORT=1`): stacks walk
 /// through the trampolines to `Py_BytesMain` for ≥ 95 % of the live bytes (4.6 % before the
-/// unwinder stepped over them) and name the Python functions, in call order, with their file.
+/// unwinder stepped over them) and name the Python functions, in call order, with their file,
+/// each once: the Python frames the shim splices in (with their line) stand for the
+/// trampolines beside them, which the perf map names `py::make_items:FILE`.
 #[test]
 fn python_perf_trampolines_walked_and_named() {
     for (version, args, env) in [
@@ -284,6 +286,39 @@ fn python_perf_trampolines_walked_and_named() {
             vec![script("perf_items.py").display().to_string()],
             "{what}"
         );
+        assert_once_with_lines(&p, &["make_items", "outer", "<module>"], &what);
+    }
+}
+
+/// In every sample through `names[0]`, each of `names` appears once (the Python frame from
+/// the interpreter's state, not also the trampoline's perf-map name), and always with a line
+/// (a trampoline's name has none).
+fn assert_once_with_lines(p: &Profile, names: &[&str], what: &str) {
+    let first = locations_of(p, names[0]);
+    for name in names {
+        let locs = locations_of(p, name);
+        for s in &p.sample {
+            if !s.location_id.iter().any(|l| first.contains(l)) {
+                continue;
+            }
+            let n = s.location_id.iter().filter(|l| locs.contains(l)).count();
+            assert_eq!(
+                n, 1,
+                "{what}: {name} {n} times in a stack under {}",
+                names[0]
+            );
+            for l in p.location.iter().filter(|l| s.location_id.contains(&l.id)) {
+                let f = l.line.iter().find(|x| {
+                    p.function
+                        .iter()
+                        .any(|f| f.id == x.function_id && p.string_table[f.name as usize] == *name)
+                });
+                assert!(
+                    f.is_none_or(|x| x.line > 0),
+                    "{what}: {name} without a line (a trampoline's name)"
+                );
+            }
+        }
     }
 }
 
@@ -314,6 +349,7 @@ fn python_post_mortem_names_from_perf_map_and_jitdump() {
             bytes_with_caller(&p, "outer", "holder") >= PY_BYTES,
             "{what}"
         );
+        assert_once_with_lines(&p, &["make_items", "outer", "holder"], &what);
     }
 }
 

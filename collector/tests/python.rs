@@ -541,8 +541,10 @@ fn detection_leaves_dlerror_clean() {
 }
 
 /// With `-X perf` (3.12+) each Python call runs through a trampoline without unwind
-/// information, where the native walk may end: the Python frames of the outer runs are still
-/// there, on the root side (`build ← caller ← <module>`).
+/// information, which the unwinder steps over and the perf map names `py::build:FILE`: each
+/// Python function appears once (the Python frame from the interpreter's state, with its
+/// line; the trampoline beside it is dropped), `build ← caller ← <module>`, and the stacks
+/// reach `Py_BytesMain`.
 #[test]
 fn perf_trampolines_keep_the_python_chain() {
     let mut ran = false;
@@ -560,11 +562,29 @@ fn perf_trampolines_keep_the_python_chain() {
         let r = start(cmd, &dir, true);
         let pid = r.pid();
         let st = stacks(&decode(&snapshot(&dir, pid, &[])));
-        let n = sum(&st, |s| s.starts_with(&["build", "caller", "<module>"]));
+        let n = sum(&st, |s| {
+            s.starts_with(&["build", "caller", "<module>"]) && s.position("Py_BytesMain").is_some()
+        });
         assert!(
             n >= 200_000,
-            "{label}: {n} blocks under build ← caller ← <module>"
+            "{label}: {n} blocks under build ← caller ← <module> ← … ← Py_BytesMain"
         );
+        // (`<module>` is there once per module being imported: counted under `build` only.)
+        for s in st.iter().filter(|s| s.starts_with(&["build"])) {
+            let c = s.chain();
+            for f in ["build", "caller", "<module>"] {
+                assert!(
+                    c.iter().filter(|&&x| x == f).count() <= 1,
+                    "{label}: {f} twice: {:?}",
+                    s.frames
+                );
+            }
+            assert!(
+                s.py_line() > 0,
+                "{label}: build without its line: {:?}",
+                s.frames
+            );
+        }
         assert_eq!(r.finish(), 0);
         // The interpreter's perf map.
         let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));

@@ -24,6 +24,21 @@ pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
 /// Records a new block `ptr` of `size` requested bytes, its stack captured from `start`.
 #[inline]
 pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
+    record_alloc_as(ptr, size, start, false);
+}
+
+/// Records the block `realloc` made of a block that had a record (`fp` as in
+/// [`record_alloc`]), even inside a Python allocator wrapper's forwarded call
+/// ([`state::forwarding`]): the wrapper closed its own block's record before forwarding, so a
+/// recorded block reallocated meanwhile is the interpreter's own (pymalloc's `arenas` array)
+/// and stays recorded at its new address.
+#[inline]
+pub fn record_realloc(ptr: *mut u8, size: usize, fp: usize) {
+    record_alloc_as(ptr, size, Start::FramePointer(fp), true);
+}
+
+#[inline(always)]
+fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     if ptr.is_null() {
         return;
     }
@@ -32,9 +47,15 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
     }
-    if enter(|g, t| insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))).is_none()
-        && state::interrupted_recording()
-    {
+    let record = |g: &'static Global, t: &Tls| {
+        insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))
+    };
+    let done = if forwarded {
+        state::enter_forwarded(record)
+    } else {
+        enter(record)
+    };
+    if done.is_none() && state::interrupted_recording() {
         deferred_alloc(ptr, size, start);
     }
 }
@@ -62,6 +83,8 @@ fn deferred_alloc(ptr: *mut u8, size: usize, start: Start) {
 }
 
 /// Erases the record of `ptr` (ignored when the shim never saw it). Returns the recorded size.
+/// Also inside a Python allocator wrapper's forwarded call ([`state::enter_forwarded`]): a
+/// block freed there that still has a record is not the wrapper's.
 #[inline]
 pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if ptr.is_null() {
@@ -71,7 +94,7 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return None;
     }
-    match enter(|g, t| erase(g, t, ptr as u64)) {
+    match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(r) => r,
         None => {
             if state::interrupted_recording() {
@@ -95,7 +118,7 @@ pub fn record_free_deferrable(ptr: *mut u8) -> bool {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return false;
     }
-    match enter(|g, t| erase(g, t, ptr as u64)) {
+    match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
     }

@@ -9,8 +9,12 @@
 //!   (`PyMem_GetAllocator`/`PyMem_SetAllocator`, as CPython's `Doc/c-api/memory.rst` allows
 //!   after initialization): each wrapper forwards to the saved original with the shim's guard
 //!   held ([`crate::state::forwarding`]), so the `malloc` under a large request is not recorded
-//!   twice, then records the block; realloc is a free and an allocation. pymalloc keeps
-//!   serving the program. Blocks pymalloc handed out before are unknown frees (ignored).
+//!   twice, then records the block; realloc is a free and an allocation. Frees, and reallocs
+//!   of blocks that have a record, are still recorded inside the forwarded call: they are the
+//!   interpreter's own tables (pymalloc's `arenas` array, first allocated during
+//!   initialization and grown by `realloc` inside an object allocation), whose old record would
+//!   otherwise stay live and show as a leak. pymalloc keeps serving the program. Blocks
+//!   pymalloc handed out before are unknown frees (ignored).
 //! * **Frames** ([`splice`], on every recorded allocation once installed): the calling thread's
 //!   frame chain (`PyGILState_GetThisThreadState()`, then `cframe->current_frame` on 3.11 and
 //!   3.12, `current_frame` on 3.13 from `_Py_DebugOffsets`) is read and each native frame of

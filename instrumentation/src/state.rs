@@ -373,6 +373,21 @@ fn draw(t: &Tls, interval: u64) -> i64 {
 /// thread is already inside the shim (then the call is not recorded and `None` returned).
 #[inline]
 pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    enter_as(false, f)
+}
+
+/// As [`enter`], and also inside a wrapper's forwarded call ([`forwarding`]): for the records
+/// of blocks that are not the wrapper's own (it closes its block's record before forwarding),
+/// such as the interpreter's own tables that its allocator reallocates or frees meanwhile
+/// (pymalloc's `arenas` array, grown by `realloc` inside an object allocation). Without this
+/// the old block's record would stay live after glibc took it back.
+#[inline]
+pub fn enter_forwarded<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    enter_as(true, f)
+}
+
+#[inline(always)]
+fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
     let g = match global() {
         Some(g) => g,
         None => {
@@ -387,7 +402,9 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
     };
     TLS.with(|t| {
         let guard = t.guard.get();
-        if guard != GUARD_FREE {
+        // The guard to go back to: a forwarded call goes on once this record is made.
+        let outer = guard;
+        if guard != GUARD_FREE && !(forwarded && guard == GUARD_FORWARD) {
             if guard != GUARD_FORWARD {
                 NESTED.fetch_add(1, Ordering::Relaxed);
             }
@@ -411,7 +428,7 @@ pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
                 // SAFETY: this thread's queue; handlers only append (see `Deferred`).
                 unsafe { (*d).drain(g, t) };
             }
-            t.guard.set(GUARD_FREE);
+            t.guard.set(outer);
             std::sync::atomic::compiler_fence(Ordering::SeqCst);
             // SAFETY: as above.
             if d.is_null() || unsafe { (*d).is_empty() } {

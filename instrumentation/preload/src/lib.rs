@@ -10,7 +10,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use heapdump_instrumentation::frame_pointer;
-use heapdump_instrumentation::hooks::{record_alloc, record_free, record_free_deferrable};
+use heapdump_instrumentation::hooks::{
+    record_alloc, record_free, record_free_deferrable, record_realloc,
+};
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -93,10 +95,14 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
     // SAFETY: forwarding to glibc with the caller's arguments.
     let q = unsafe { __libc_realloc(ptr, size) };
     if !q.is_null() {
-        record_alloc(q as *mut u8, size, fp);
+        if old.is_some() {
+            record_realloc(q as *mut u8, size, fp);
+        } else {
+            record_alloc(q as *mut u8, size, fp);
+        }
     } else if let (Some(old_size), false) = (old, size == 0) {
         // Failure leaves the old block valid: record it again.
-        record_alloc(ptr as *mut u8, old_size as usize, fp);
+        record_realloc(ptr as *mut u8, old_size as usize, fp);
     }
     q
 }
