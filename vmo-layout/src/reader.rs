@@ -819,6 +819,12 @@ impl<'a> Region<'a> {
             for &(slot, s, n) in &pinned {
                 waits.wait(slot, s, deadline);
                 fence(Ordering::Acquire);
+                // A writer takes its record's index from the cursor before it names it in
+                // `op_node`, and the cursor was read after the pins: a pin past it is a
+                // damaged or crafted region's, not a record.
+                if n as u64 >= nodes {
+                    continue;
+                }
                 if let Some(block) = judge(n as u64) {
                     meta.blocks += 1;
                     meta.bytes = meta.bytes.saturating_add(block.size);
