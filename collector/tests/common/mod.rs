@@ -157,7 +157,18 @@ pub fn start_until(mut cmd: Command, dir: &Path, preload: bool, prefix: &str) ->
     if preload {
         cmd.env("LD_PRELOAD", shim());
     }
-    let mut child = cmd.spawn().expect("spawn");
+    // A program copied or written by a test is briefly "busy" (ETXTBSY) while a child that
+    // another test thread forked still holds the writing descriptor until its exec: retry.
+    let mut tries = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.expect("spawn"),
+        }
+    };
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let ready = wait_for(&mut lines, prefix);
