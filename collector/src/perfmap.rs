@@ -751,9 +751,11 @@ mod tests {
     fn perf_map_read_again_from_where_it_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("perf-1.map");
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
         let t = Target {
             pid: 1,
-            uid: unsafe { libc::geteuid() },
+            uid,
             started_realtime_ns: 1,
             alive: true,
         };
@@ -806,6 +808,7 @@ mod tests {
     #[test]
     fn trust_rules() {
         let dir = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         let t = Target {
             pid: 1,

@@ -569,10 +569,9 @@ fn exec_without_the_shim_leaves_no_region() {
 /// `heapdump-UID` subdirectory): regions and anything left aside.
 fn region_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    for d in [
-        dir.to_owned(),
-        dir.join(format!("heapdump-{}", unsafe { libc::geteuid() })),
-    ] {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    for d in [dir.to_owned(), dir.join(format!("heapdump-{uid}"))] {
         if let Ok(rd) = std::fs::read_dir(&d) {
             for e in rd.flatten() {
                 if e.file_type().map(|t| t.is_file()).unwrap_or(false) {
