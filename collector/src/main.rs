@@ -25,6 +25,7 @@ mod priority;
 mod push;
 mod python;
 mod regions;
+mod sites;
 mod snapshot;
 mod spool;
 mod symbolize;
@@ -1179,19 +1180,13 @@ fn stack_names(
     out
 }
 
-/// The allocation site of each block's stack: its innermost frame that is not the shim's.
+/// The allocation site of each block's stack: its first frame outside the allocator wrappers
+/// ([`sites::Sites`]).
 fn sites(an: &Analysis) -> std::collections::HashMap<u32, String> {
+    let rule = sites::Sites::default();
     an.stacks
         .iter()
-        .map(|(s, names)| {
-            (
-                *s,
-                names
-                    .first()
-                    .cloned()
-                    .unwrap_or_else(|| "(no stack trace)".to_owned()),
-            )
-        })
+        .map(|(s, names)| (*s, rule.site(names).to_owned()))
         .collect()
 }
 
