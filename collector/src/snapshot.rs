@@ -180,6 +180,11 @@ pub fn collect_at(
             Some(f) => stopped = Some(f),
             None => {}
         }
+        // The target released our lease mid-scan (it judged the collector dead): take it
+        // again, once; a second loss is reported with the warning the reader added.
+        if meta.lease_lost && attempt == 0 {
+            continue;
+        }
         break;
     }
     drop(_release);

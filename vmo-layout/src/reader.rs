@@ -274,6 +274,9 @@ pub struct SnapshotMeta {
     pub resolved_after_scan: u64,
     /// Problems that may make the snapshot inexact.
     pub warnings: Vec<String>,
+    /// The lease this snapshot held was released by the target during the scan (a warning
+    /// says so): records may have been rewritten before they were read.
+    pub lease_lost: bool,
 }
 
 /// The waits of one snapshot for operations in flight.
@@ -625,6 +628,8 @@ impl<'a> Region<'a> {
         let h = self.header();
         let mut meta = SnapshotMeta::default();
         let mut leased_at = 0;
+        // The lease value this snapshot stored (0: none).
+        let mut held = 0;
         // Operations in flight at T whose node is pinned: (slot, op_seq seen, node).
         let mut pinned: Vec<(&ThreadSlotV1, u64, u32)> = Vec::new();
         let mut waits = Waits::default();
@@ -682,6 +687,7 @@ impl<'a> Region<'a> {
                 // The clock has moved past `lease`: the next lease is larger, as they must be.
             }
             leased_at = precise_ns();
+            held = lease;
             progress_ok = exact;
             let t = if exact {
                 lease
@@ -867,6 +873,16 @@ impl<'a> Region<'a> {
         }
         if live {
             let took = now_ns().saturating_sub(t);
+            // A writer clears a lease whose holder it judges dead (`lease_holder_gone`): from
+            // then on it rewrote records this scan had not read yet.
+            if h.lease.load(Ordering::SeqCst) != held {
+                meta.lease_lost = true;
+                meta.warnings.push(
+                    "the target released this snapshot's lease during the scan (it judged the \
+                     collector dead): blocks may be missing"
+                        .to_owned(),
+                );
+            }
             h.lease.store(0, Ordering::SeqCst);
             h.lease_scanned_for.store(0, Ordering::SeqCst);
             h.lease_scanned.store(0, Ordering::SeqCst);

@@ -1276,4 +1276,61 @@ mod lease_tests {
         // SAFETY: as above.
         assert_eq!(unsafe { *libc::__errno_location() }, 1234);
     }
+
+    /// A snapshot whose lease the writer released during the scan says so: records it had not
+    /// read yet may have been rewritten meanwhile.
+    #[test]
+    fn a_lease_released_during_the_scan_is_reported() {
+        let caps = Capacities {
+            nodes: 64,
+            stacks: 4,
+            frames: 64,
+            threads: 2,
+            modules: 1,
+            named: 1,
+            python_words: 1,
+        };
+        let (_, size) = plan(&caps);
+        let mut buf = vec![0u64; size as usize / 8];
+        let id = ProcessIdentity {
+            pid: 1,
+            start_ticks: 1,
+            exe_dev: 0,
+            exe_ino: 0,
+            exe_path: b"/x",
+            cmdline: b"x",
+            sample_interval: 0,
+        };
+        // SAFETY: a zeroed, 8-aligned buffer of the planned size that nothing else touches.
+        let w =
+            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &caps, &id) }.unwrap();
+        let (n, _) = w.claim_nodes(2).unwrap();
+        w.publish_node(n as u32, 0x1000, 8, 0, 1, 100);
+        w.publish_node(n as u32 + 1, 0x2000, 8, 0, 1, 100);
+        // SAFETY: the writer's buffer, alive and of this size for the whole test.
+        let region =
+            unsafe { crate::Region::from_raw(buf.as_ptr() as *const u8, size, true) }.unwrap();
+        let opts = crate::SnapshotOptions {
+            live: true,
+            wait_timeout: std::time::Duration::from_millis(10),
+            lease_pid: 0,
+            lease_start_ticks: 0,
+            at: None,
+            born_after: 0,
+            frozen: false,
+        };
+        let kept = region.snapshot(&opts, |_| {});
+        assert_eq!((kept.blocks, kept.lease_lost), (2, false));
+        assert!(kept.warnings.is_empty(), "{:?}", kept.warnings);
+        let lease = region.lease_word().unwrap();
+        let lost = region.snapshot(&opts, |_| lease.store(0, Ordering::SeqCst));
+        assert!(lost.lease_lost);
+        assert!(
+            lost.warnings
+                .iter()
+                .any(|w| w.contains("released this snapshot's lease")),
+            "{:?}",
+            lost.warnings
+        );
+    }
 }
