@@ -6,6 +6,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::regions::{Selection, Target};
+
 /// heapdump: a heap profiler for Linux. Records every live allocation of a program into shared
 /// memory (via LD_PRELOAD or a Rust #[global_allocator]) and snapshots it, from outside and
 /// without stopping the program, into a symbolized pprof profile.
@@ -362,29 +364,6 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
-}
-
-/// How to pick the region to snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// By process id.
-    Pid(u32),
-    /// By command name.
-    Name(String),
-    /// A region file.
-    File(PathBuf),
-    /// Several running processes (`--multi-process`).
-    Many(Selection),
-}
-
-/// Which running processes a multi-process snapshot takes: those matching every filter given
-/// (none: all of this user's).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Selection {
-    /// Command names (any of them); empty: any name.
-    pub names: Vec<String>,
-    /// Only this process and its descendants.
-    pub tree: Option<u32>,
 }
 
 /// What `heapdump snapshot` does.

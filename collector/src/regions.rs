@@ -821,3 +821,165 @@ mod tests {
         assert!(process_tree(u32::MAX).is_err());
     }
 }
+
+/// A region file with its header read.
+pub struct Entry {
+    pub file: RegionFile,
+    pub info: Option<vmo_layout::RegionInfo>,
+    /// Named snapshots the program took.
+    pub named: Vec<vmo_layout::NamedSnapshot>,
+    pub error: Option<String>,
+    pub liveness: Liveness,
+    /// Why the region is foreign ([`trust`]): every command refuses it.
+    pub foreign: Option<String>,
+}
+
+impl Entry {
+    /// `list`'s STATUS: `foreign`, else its process's liveness.
+    pub fn status(&self) -> &'static str {
+        match self.foreign {
+            Some(_) => "foreign",
+            None => self.liveness.as_str(),
+        }
+    }
+}
+
+/// Every region file of [`region_dir`], its header read (an unreadable one with its error).
+pub fn scan() -> Result<Vec<Entry>> {
+    let dir = region_dir();
+    let files = list_files(&dir)?;
+    let mut out = Vec::new();
+    for f in &files {
+        let newer = has_newer(&files, f);
+        // A region truncated while its header is read shows zeros instead of killing us
+        // (see `truncation`): report it as unreadable.
+        type Read = (
+            vmo_layout::RegionInfo,
+            Vec<vmo_layout::NamedSnapshot>,
+            Option<String>,
+        );
+        let read = |o: Opened| -> Result<Read> {
+            let r = o.region()?;
+            let (info, named) = (r.info(), r.named_snapshots());
+            let foreign = trust(&o, &info, Some(f)).err();
+            match o.truncated() {
+                Some(why) => bail!("{why}"),
+                None => Ok((info, named, foreign)),
+            }
+        };
+        match open(&f.path).and_then(read) {
+            Ok((info, named, foreign)) => {
+                let liveness = liveness(&info, f, newer);
+                out.push(Entry {
+                    file: f.clone(),
+                    info: Some(info),
+                    named,
+                    error: None,
+                    liveness,
+                    foreign,
+                });
+            }
+            Err(e) => out.push(Entry {
+                file: f.clone(),
+                info: None,
+                named: Vec::new(),
+                error: Some(format!("{e:#}")),
+                liveness: Liveness::Exited,
+                foreign: None,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// The region file `target` names: a pid's (the running image's, else the newest), a command
+/// name's (unique, or the only running one), or a file given as is (its [`RegionFile`] then
+/// unknown).
+pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
+    match target {
+        Target::File(p) => Ok((p.clone(), None)),
+        Target::Many(_) => bail!("this command takes one process, not --multi-process"),
+        Target::Pid(pid) => {
+            let files = list_files(&region_dir())?;
+            let mut mine: Vec<&RegionFile> = files.iter().filter(|f| f.pid == *pid).collect();
+            if mine.is_empty() {
+                if proc_start_ticks(*pid).is_some() {
+                    bail!(
+                        "process {pid} is not instrumented (no region in {}); start it with `heapdump run` or LD_PRELOAD=libheapdump.so",
+                        region_dir().display()
+                    );
+                }
+                bail!("no such process: {pid} (and no region left by it)");
+            }
+            // Prefer the region of the image running now; else the newest.
+            let now = proc_start_ticks(*pid);
+            mine.sort_by_key(|f| (Some(f.start_ticks) == now, f.created_ns));
+            let f = mine.last().unwrap();
+            Ok((f.path.clone(), Some((*f).clone())))
+        }
+        Target::Name(name) => {
+            let entries = scan()?;
+            let matches: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| e.info.as_ref().is_some_and(|i| matches_name(i, name)))
+                .collect();
+            let alive: Vec<&&Entry> = matches
+                .iter()
+                .filter(|e| e.liveness == Liveness::Alive)
+                .collect();
+            let chosen: Vec<&Entry> = if alive.len() == 1 {
+                vec![alive[0]]
+            } else {
+                matches.clone()
+            };
+            match chosen.as_slice() {
+                [] => bail!("no instrumented process named {name:?} (see `heapdump list`)"),
+                [one] => Ok((one.file.path.clone(), Some(one.file.clone()))),
+                many => {
+                    let list: Vec<String> = many
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "  pid {} ({}): {}",
+                                e.file.pid,
+                                e.liveness.as_str(),
+                                e.info
+                                    .as_ref()
+                                    .map(|i| i.cmdline.join(" "))
+                                    .unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    bail!(
+                        "{name:?} matches {} processes; pick one with --by-pid:\n{}",
+                        many.len(),
+                        list.join("\n")
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// How to pick the region to snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// By process id.
+    Pid(u32),
+    /// By command name.
+    Name(String),
+    /// A region file.
+    File(PathBuf),
+    /// Several running processes (`--multi-process`).
+    Many(Selection),
+}
+
+/// Which running processes a multi-process snapshot takes: those matching every filter given
+/// (none: all of this user's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selection {
+    /// Command names (any of them); empty: any name.
+    pub names: Vec<String>,
+    /// Only this process and its descendants.
+    pub tree: Option<u32>,
+}

@@ -10,8 +10,9 @@
 //! SIGTERM, which end the watch after the current file, never leave a partial one.
 
 use crate::cli::{WatchProps, WatchTarget};
+use crate::regions::Entry;
 use crate::regions::{self, Liveness};
-use crate::{multi, pprof, push, Entry};
+use crate::{multi, pprof, push};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -85,7 +86,7 @@ pub fn watch(w: &WatchProps) -> Result<()> {
     };
     match &w.target {
         WatchTarget::Pid(pid) => {
-            let entries = crate::scan()?;
+            let entries = regions::scan()?;
             let alive: Vec<&Entry> = (entries.iter())
                 .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
                 .collect();
@@ -94,7 +95,7 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             }
             let alive = !alive.is_empty();
             if !alive {
-                crate::pick(&crate::cli::Target::Pid(*pid))?;
+                regions::pick(&crate::cli::Target::Pid(*pid))?;
                 bail!(
                     "pid {pid} has exited: nothing to watch (`heapdump snapshot --by-pid {pid}` \
                      reads what its region kept)"
@@ -224,7 +225,7 @@ fn round(
     sink: &Sink<'_>,
 ) -> Result<bool> {
     let entries: Vec<Entry> = match &w.target {
-        WatchTarget::Pid(pid) => crate::scan()
+        WatchTarget::Pid(pid) => regions::scan()
             .unwrap_or_default()
             .into_iter()
             .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
