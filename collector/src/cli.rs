@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::push::{PushFormat, PushProps};
 pub use crate::regions::{Selection, Target};
 
 /// heapdump: a heap profiler for Linux. Records every live allocation of a program into shared
@@ -150,9 +151,9 @@ pub struct GraphArgs {
     pub output: PathBuf,
     /// Only blocks that are new since this earlier capture (`FILE.hdsnap`) are counted in the
     /// flame graph (`.svg`): "what is new, and who holds it". A block is new if no block of the
-    /// capture had its address.
-    #[arg(long, value_name = "CAPTURE")]
-    pub since: Option<PathBuf>,
+    /// capture had its address. (Its former name, `since`, is still taken.)
+    #[arg(long, value_name = "CAPTURE", alias = "since")]
+    pub baseline: Option<PathBuf>,
 }
 
 /// `heapdump convert`.
@@ -524,16 +525,6 @@ pub struct PushArgs {
     pub push_timeout: Duration,
 }
 
-/// `--push-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PushFormat {
-    /// Grafana Pyroscope: Connect `push.v1.PusherService/Push` over HTTP/1.1.
-    Pyroscope,
-    /// Parca (and Polar Signals Cloud): gRPC
-    /// `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw` over HTTP/2.
-    Parca,
-}
-
 /// Parses `KEY=VALUE` (a label name as Prometheus spells them: `[A-Za-z_][A-Za-z0-9_]*`).
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
@@ -554,23 +545,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// Where and how to push profiles.
-#[derive(Debug, Clone)]
-pub struct PushProps {
-    /// The server's base URL, without a trailing `/`.
-    pub url: String,
-    /// The server's API.
-    pub format: PushFormat,
-    /// The user's labels (`--label`), in order.
-    pub labels: Vec<(String, String)>,
-    /// `Authorization` header value, if any (`Bearer …` or `Basic …`).
-    pub authorization: Option<String>,
-    /// `X-Scope-OrgID`.
-    pub tenant: Option<String>,
-    /// Longest time per push.
-    pub timeout: Duration,
-}
-
+/// `--push` and the options after it, converted ([`PushProps`] is `push`'s own).
 impl PushProps {
     /// `None` without `--push`.
     ///
@@ -616,7 +591,13 @@ impl PushProps {
                         f.display()
                     );
                 }
-                Some(format!("Basic {}", crate::push::base64(up.as_bytes())))
+                Some(format!(
+                    "Basic {}",
+                    base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        up.as_bytes()
+                    )
+                ))
             }
             (None, None) => None,
         };
@@ -770,7 +751,9 @@ impl TryFrom<WatchArgs> for WatchProps {
             symbolize: !a.no_symbolize,
             lock_timeout: Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
             push,
-            spool_max_bytes: a.spool_max_bytes.unwrap_or(crate::spool::DEFAULT_MAX_BYTES),
+            spool_max_bytes: a
+                .spool_max_bytes
+                .unwrap_or(crate::push::spool::DEFAULT_MAX_BYTES),
         })
     }
 }

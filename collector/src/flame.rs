@@ -29,7 +29,7 @@ pub fn key<'a>(frames: impl IntoIterator<Item = &'a str>) -> String {
 
 /// Draws `folded` as an interactive SVG flame graph (click to zoom, Ctrl-F to search) titled
 /// `title`, frame widths counted in `count_name` (e.g. `bytes`), and writes it to `out` (`-`:
-/// standard output) as [`crate::pprof::write_with`] does.
+/// standard output) as [`crate::output::write_with`] does.
 ///
 /// Errors: `folded` has no nonzero count (nothing to draw), or writing fails.
 pub fn write_svg(
@@ -52,7 +52,7 @@ pub fn write_svg(
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
         .context("drawing the flame graph")?;
-    crate::pprof::write_bytes(&svg, out)
+    crate::output::write_bytes(&svg, out)
 }
 
 /// The index (into `p.sample_type` and each sample's values) of the sample type named `name`

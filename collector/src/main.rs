@@ -5,8 +5,8 @@
 //! files safely), [`snapshot`] (reading one instant of a region), [`symbolize`] (blazesym),
 //! [`pprof`] (profile building, merging and writing), [`multi`] (several processes into one
 //! profile), [`flame`] (SVG flame graphs), [`contents`] (block contents: `--contents-dir`,
-//! `--with-strings`), [`push`] (sending profiles to Pyroscope or Parca, the queue), [`parca`]
-//! (the gRPC client), [`spool`] (unsent profiles kept on disk).
+//! `--with-strings`), [`push`] (sending profiles to Pyroscope or Parca: the clients, the
+//! queue, the spool of unsent profiles), [`output`] (writing files atomically).
 
 mod analysis;
 mod cli;
@@ -21,16 +21,16 @@ mod hugealloc;
 mod moments;
 mod multi;
 mod outdir;
-mod parca;
+mod output;
 mod perfmap;
 mod pprof;
 mod priority;
 mod push;
 mod python;
 mod regions;
+mod signals;
 mod sites;
 mod snapshot;
-mod spool;
 mod symbolize;
 mod testhooks;
 
@@ -44,9 +44,8 @@ static ALLOC: hugealloc::HugeAlloc = hugealloc::HugeAlloc;
 fn main() {
     // Die quietly of SIGPIPE like other command-line tools (`heapdump list | head`), instead of
     // Rust's default of ignoring it and panicking on the failed write.
-    // SAFETY: setting a signal's disposition to the default has no preconditions; no thread
-    // has been started yet.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SAFETY: the default action runs no handler code.
+    let _ = unsafe { signals::set(libc::SIGPIPE, signals::Handler::Default, 0) };
     let cli = Cli::parse();
     let r = match cli.command {
         Command::List(a) => commands::list::run(a.into()),

@@ -1,7 +1,7 @@
 //! Finding and opening region files safely.
 //!
 //! Regions live in `$HEAPDUMP_DIR` or `/dev/shm/heapdump-UID`, named
-//! `PID-STARTTICKS-CREATEDNS.heapdump` (see `instrumentation/src/region.rs`). A region is opened
+//! `PID-STARTTICKS-CREATEDNS.heapdump` (the rule is `vmo_layout::name`'s). A region is opened
 //! without following symlinks, must be a regular file owned by the caller (unless the caller is
 //! root) and not readable by others; then mapped and validated by [`vmo_layout::Region`].
 
@@ -43,18 +43,6 @@ pub struct RegionFile {
     pub start_ticks: u64,
     /// Creation time (CLOCK_MONOTONIC ns) from the name.
     pub created_ns: u64,
-}
-
-/// Parses `PID-TICKS-NS.heapdump`.
-pub fn parse_name(name: &str) -> Option<(u32, u64, u64)> {
-    let stem = name.strip_suffix(".heapdump")?;
-    let mut it = stem.split('-');
-    let r = (
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-    );
-    it.next().is_none().then_some(r)
 }
 
 /// Checks that the region directory `dir` can be trusted, as the shim requires of the
@@ -139,12 +127,12 @@ pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
     let mut out = Vec::new();
     for e in rd.flatten() {
         let name = e.file_name();
-        if let Some((pid, start_ticks, created_ns)) = name.to_str().and_then(parse_name) {
+        if let Some(n) = vmo_layout::name::parse(name.as_encoded_bytes()) {
             out.push(RegionFile {
                 path: e.path(),
-                pid,
-                start_ticks,
-                created_ns,
+                pid: n.pid,
+                start_ticks: n.start_ticks,
+                created_ns: n.created_ns,
             });
         }
     }
@@ -277,19 +265,15 @@ pub mod truncation {
     /// Returns the slot, or `None` when all are taken (the mapping is then unprotected).
     pub fn register(start: usize, len: usize) -> Option<usize> {
         INSTALL.call_once(|| {
-            // SAFETY: sysconf has no preconditions; a zeroed sigaction is valid and the
-            // handler is async-signal-safe.
-            unsafe {
-                let p = libc::sysconf(libc::_SC_PAGESIZE);
-                if p > 0 {
-                    PAGE.store(p as usize, Ordering::Relaxed);
-                }
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_sigbus as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+            // SAFETY: sysconf has no preconditions.
+            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if p > 0 {
+                PAGE.store(p as usize, Ordering::Relaxed);
             }
+            use crate::signals::{self, Handler};
+            // SAFETY: the handler is async-signal-safe (atomics and mmap).
+            let _ =
+                unsafe { signals::set(libc::SIGBUS, Handler::Info(on_sigbus), libc::SA_NODEFER) };
         });
         for i in 0..SLOTS {
             if START[i]
@@ -575,13 +559,12 @@ pub fn open_usable(path: &Path, f: Option<&RegionFile>) -> Result<Usable> {
         Some(f) => Some(f.clone()),
         None => path
             .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(parse_name)
-            .map(|(pid, start_ticks, created_ns)| RegionFile {
+            .and_then(|n| vmo_layout::name::parse(n.as_encoded_bytes()))
+            .map(|n| RegionFile {
                 path: path.to_owned(),
-                pid,
-                start_ticks,
-                created_ns,
+                pid: n.pid,
+                start_ticks: n.start_ticks,
+                created_ns: n.created_ns,
             }),
     };
     if let Err(line) = trust(&opened, &info, file.as_ref()) {
@@ -779,15 +762,6 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_parse() {
-        assert_eq!(parse_name("12-34-56.heapdump"), Some((12, 34, 56)));
-        assert_eq!(parse_name("12-34.heapdump"), None);
-        assert_eq!(parse_name("12-34-56-7.heapdump"), None);
-        assert_eq!(parse_name("12-34-56.txt"), None);
-        assert_eq!(parse_name("a-34-56.heapdump"), None);
-    }
 
     #[test]
     fn process_tree_holds_children_and_grandchildren() {

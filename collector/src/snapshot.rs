@@ -484,21 +484,13 @@ mod lease {
                 lease as *const AtomicU64 as *mut AtomicU64,
                 Ordering::SeqCst,
             );
+            use crate::signals::{self, Handler};
             for sig in SIGNALS {
-                // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
-                unsafe {
-                    let mut old: libc::sigaction = std::mem::zeroed();
-                    libc::sigaction(sig, std::ptr::null(), &mut old);
-                    if old.sa_sigaction != libc::SIG_DFL
-                        && old.sa_sigaction != on_signal as *const () as usize
-                    {
-                        continue;
-                    }
-                    let mut sa: libc::sigaction = std::mem::zeroed();
-                    sa.sa_sigaction = on_signal as *const () as usize;
-                    libc::sigemptyset(&mut sa.sa_mask);
-                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                if !signals::is_default_or(sig, Handler::Simple(on_signal)) {
+                    continue;
                 }
+                // SAFETY: the handler only uses atomics and async-signal-safe calls.
+                let _ = unsafe { signals::set(sig, Handler::Simple(on_signal), 0) };
             }
             Guard(())
         }

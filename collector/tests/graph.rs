@@ -611,8 +611,8 @@ fn retainers_and_top_from_a_capture() {
     assert_eq!(r.finish(), 0);
 }
 
-/// `graph --since BASE.hdsnap -o FILE.svg`: only what is new since the baseline capture, and
-/// who holds it.
+/// `graph --baseline BASE.hdsnap -o FILE.svg`: only what is new since the baseline capture, and
+/// who holds it; `--since`, its former name, still works and is no longer shown in `--help`.
 #[test]
 fn ownership_flame_graph_of_what_is_new_since_a_capture() {
     use std::io::Write;
@@ -635,7 +635,7 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
             "graph",
             "--by-pid",
             &pid,
-            "--since",
+            "--baseline",
             base.to_str().unwrap(),
             "-o",
             svg.to_str().unwrap(),
@@ -647,6 +647,28 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
         text.contains("<title>all (10,000 bytes, 100%)</title>"),
         "only the new blocks"
     );
+    let old_name = dir.with_extension("new-since.svg");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &pid,
+            "--since",
+            base.to_str().unwrap(),
+            "-o",
+            old_name.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(std::fs::read_to_string(&old_name)
+        .unwrap()
+        .contains("<title>all (10,000 bytes, 100%)</title>"));
+    let (ok, help, _) = heapdump_cmd(&dir, &["graph", "--help"]);
+    assert!(
+        ok && help.contains("--baseline <CAPTURE>") && !help.contains("--since"),
+        "{help}"
+    );
     // All of them from g_new: glibc's malloc state in libc's data points at the header of the
     // chunk after a new block (a free chunk, the top chunk) and must not count.
     assert!(
@@ -655,7 +677,7 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
     );
     assert!(text.contains("<title>new_alloc (10,000 bytes, 100.00%)</title>"));
     assert!(!text.contains("old_alloc"));
-    // Without --since, both.
+    // Without --baseline, both.
     let (ok, _, err) = heapdump_cmd(
         &dir,
         &["graph", "--by-pid", &pid, "-o", svg.to_str().unwrap()],

@@ -3,7 +3,7 @@
 
 use super::stages;
 use crate::analysis::{analysis, chain_names, sites, Analysis, Source};
-use crate::{cli, flame, graph, pprof};
+use crate::{cli, flame, graph, output, pprof};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
@@ -15,7 +15,7 @@ pub struct Options {
     /// The output; its name says the format.
     pub output: PathBuf,
     /// An earlier capture: the flame graph counts only blocks new since it.
-    pub since: Option<PathBuf>,
+    pub baseline: Option<PathBuf>,
 }
 
 impl From<cli::GraphArgs> for Options {
@@ -23,7 +23,7 @@ impl From<cli::GraphArgs> for Options {
         Options {
             source: a.target.into(),
             output: a.output,
-            since: a.since,
+            baseline: a.baseline,
         }
     }
 }
@@ -31,8 +31,8 @@ impl From<cli::GraphArgs> for Options {
 /// `heapdump graph -o FILE.{svg,heapsnapshot,hdsnap,pb.gz}` (and `convert`).
 pub fn run(a: Options) -> Result<()> {
     let kind = check_output_kind(&a.output)?;
-    let since = match &a.since {
-        Some(_) if kind != "svg" => bail!("--since applies to the flame graph (-o FILE.svg)"),
+    let since = match &a.baseline {
+        Some(_) if kind != "svg" => bail!("--baseline applies to the flame graph (-o FILE.svg)"),
         Some(base) => {
             let cap = graph::capture::read(base)
                 .with_context(|| format!("reading the baseline {}", base.display()))?;
@@ -90,7 +90,7 @@ fn write_graph_since(
         "heapsnapshot" => {
             stage("writing the DevTools heap snapshot");
             let mut layout = None;
-            pprof::write_with(out, |o| {
+            output::write_with(out, |o| {
                 layout = Some(graph::heapsnapshot::write(g, &site_of, o)?);
                 Ok(())
             })?;
@@ -107,7 +107,7 @@ fn write_graph_since(
         }
         "hdsnap" => {
             stage("writing the capture");
-            pprof::write_with(out, |o| graph::capture::write(o, &an.header, g, &an.stacks))?;
+            output::write_with(out, |o| graph::capture::write(o, &an.header, g, &an.stacks))?;
             eprintln!(
                 "heapdump: {}: {} live blocks, {} edges, {} roots -> {}",
                 an.describe(),

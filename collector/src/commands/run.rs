@@ -124,15 +124,9 @@ mod forward {
     /// Installs the forwarding handler for [`SIGNALS`] (SA_RESTART, SA_SIGINFO).
     pub fn install() {
         for sig in SIGNALS {
-            // SAFETY: a zeroed sigaction is valid; the handler only uses async-signal-safe
-            // calls and atomics.
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = handler as *const () as usize;
-                sa.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(sig, &sa, std::ptr::null_mut());
-            }
+            use crate::signals::{self, Handler};
+            // SAFETY: the handler only uses async-signal-safe calls and atomics.
+            let _ = unsafe { signals::set(sig, Handler::Info(handler), libc::SA_RESTART) };
         }
     }
 

@@ -136,10 +136,10 @@ pub fn run(p: SnapshotProps) -> Result<()> {
     if let Some(push) = &p.push {
         stage(&format!("pushing to {}", push.url));
         let name = regions::command_name(&c.info);
-        // A single push is a process's first: alloc_* go as 0 (see push::for_push).
-        let (pushed, _) = push::for_push(&profile, None);
+        // A single push is a process's first: alloc_* go as 0 (see push::delta::for_push).
+        let (pushed, _) = push::delta::for_push(&profile, None);
         let gz = pprof::encode_gz(&pushed)?;
-        let client = push::Client::new(push)?;
+        let client = push::client::Client::new(push)?;
         let item = client.item(&name, c.info.pid, &gz);
         client
             .send(&item)
