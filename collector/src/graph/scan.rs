@@ -1287,6 +1287,7 @@ mod tests {
         // SAFETY: plain malloc/free of glibc (the test binary's allocator is glibc's too);
         // the blocks are freed at the end and never dereferenced here.
         let big = unsafe { libc::malloc(BIG) } as u64;
+        // SAFETY: as above, on another thread (another arena).
         let small = std::thread::spawn(|| unsafe { libc::malloc(100) } as u64)
             .join()
             .unwrap();
