@@ -3,7 +3,7 @@
 //! the names of its stacks and allocation sites.
 
 use crate::regions::{self, Liveness, Target};
-use crate::{graph, pprof, python, sites, snapshot, testhooks};
+use crate::{graph, pprof, python, sites, snapshot};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
@@ -183,7 +183,7 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
     stage(&format!("snapshotting pid {}", info.pid));
     let timeout = std::time::Duration::from_secs_f64(lock_timeout.clamp(0.0, 1e9));
     let mut c = snapshot::collect(&opened, liveness, true, timeout)?;
-    testhooks::test_pause();
+    heapdump_testhooks::contents_pause();
     for w in &c.meta.warnings {
         eprintln!("heapdump: warning: {w}");
     }
@@ -296,10 +296,10 @@ pub fn stack_names(
             }
             leaf = false;
             if r.frames.is_empty() {
-                let m = r
-                    .module
-                    .map(|m| c.modules[m].path.rsplit('/').next().unwrap_or(""));
-                names.push(format!("{a:#x} ({})", m.unwrap_or("?")));
+                names.push(match r.module {
+                    Some(m) => pprof::module_frame(&c.modules[m], a),
+                    None => format!("{a:#x}"),
+                });
             }
             names.extend(r.frames.iter().map(|f| f.function.clone()));
         }
@@ -309,9 +309,8 @@ pub fn stack_names(
 }
 
 /// The allocation site of each block's stack: its first frame outside the allocator wrappers
-/// ([`sites::Sites`]).
-pub fn sites(an: &Analysis) -> std::collections::HashMap<u32, String> {
-    let rule = sites::Sites::default();
+/// (`rule`: the default list and `--drop-frames`).
+pub fn sites(an: &Analysis, rule: &sites::Sites) -> std::collections::HashMap<u32, String> {
     an.stacks
         .iter()
         .map(|(s, names)| (*s, rule.site(names).to_owned()))

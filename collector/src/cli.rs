@@ -51,8 +51,8 @@ pub enum Command {
     /// profile (`.pb.gz`) into a flame graph (`.svg`).
     Convert(ConvertArgs),
     /// Snapshot processes every interval (aligned to it) into DIR/NAME-PID-TIME.pb.gz and/or
-    /// push each profile to a profiling server (Grafana Pyroscope), until stopped (SIGINT,
-    /// SIGTERM) or --count snapshots.
+    /// push each profile to a profiling server (Grafana Pyroscope or Parca), until stopped
+    /// (SIGINT, SIGTERM) or --count snapshots.
     Watch(WatchArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
@@ -80,6 +80,12 @@ pub struct LiveTarget {
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
+    /// Frames whose function name matches this regular expression (whole name) are dropped
+    /// from the top of each stack, as pprof's --drop_frames does: an allocation site is named
+    /// by the first frame left, after the known allocator wrappers (malloc, operator new,
+    /// _PyObject_Malloc, g_malloc, ...).
+    #[arg(long, value_name = "REGEX")]
+    pub drop_frames: Option<String>,
 }
 
 /// `heapdump leaks`.

@@ -32,7 +32,6 @@ mod signals;
 mod sites;
 mod snapshot;
 mod symbolize;
-mod testhooks;
 
 use clap::Parser;
 use cli::{Cli, Command, SnapshotProps};

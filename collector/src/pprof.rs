@@ -60,6 +60,36 @@ pub fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
         .is_some_and(|f| is_shim_function(&f.function))
 }
 
+/// A module's pprof mapping: (memory start, memory limit, file offset) of its executable
+/// segment (its first if none is marked executable), page-aligned as pprof wants.
+pub fn mapping_of(m: &vmo_layout::Module) -> (u64, u64, u64) {
+    let seg = m
+        .segments
+        .iter()
+        .find(|s| (s.offset_flags >> 56) & 1 == 1)
+        .or(m.segments.first())
+        .copied()
+        .unwrap_or_default();
+    let start = m.base.wrapping_add(seg.vaddr);
+    (
+        start & !0xfff,
+        start.wrapping_add(seg.memsz),
+        (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+    )
+}
+
+/// An address of module `m` that has no function name, as every output spells it:
+/// `FILE+0xOFFSET` (the file's name, and the offset in it that `addr2line -e FILE` takes),
+/// as the flame graph of a profile names such a location ([`crate::flame::from_profile`]).
+pub fn module_frame(m: &vmo_layout::Module, address: u64) -> String {
+    let (start, _, file_offset) = mapping_of(m);
+    let file = m.path.rsplit('/').next().unwrap_or(&m.path);
+    format!(
+        "{file}+{:#x}",
+        address.wrapping_sub(start).wrapping_add(file_offset)
+    )
+}
+
 /// Whether the (demangled) function `name` belongs to the recording path rather than to the
 /// program: the instrumentation crate (`HeapdumpAlloc`'s methods, fully qualified), and the
 /// global-allocator shims rustc generates (`__rust_alloc`, `__rg_alloc`, `__rdl_alloc` and
@@ -143,20 +173,13 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             continue;
         };
         let m = &c.modules[i];
-        let seg = m
-            .segments
-            .iter()
-            .find(|s| (s.offset_flags >> 56) & 1 == 1)
-            .or(m.segments.first())
-            .copied()
-            .unwrap_or_default();
-        let start = m.base.wrapping_add(seg.vaddr);
+        let (memory_start, memory_limit, file_offset) = mapping_of(m);
         let id = p.mapping.len() as u64 + 1;
         p.mapping.push(pb::Mapping {
             id,
-            memory_start: start & !0xfff,
-            memory_limit: start.wrapping_add(seg.memsz),
-            file_offset: (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+            memory_start,
+            memory_limit,
+            file_offset,
             filename: s.id(&m.path),
             build_id: s.id(&hex(&m.build_id)),
             has_functions: has,
@@ -889,7 +912,14 @@ pub fn write_as(
             }
             let folded = crate::flame::from_profile(p, index);
             let title = format!("Heap profile: {type_name} of {what}");
-            crate::flame::write_svg(&folded, &title, &crate::flame::count_name(p, index), out)
+            let count = crate::flame::count_name(p, index);
+            if !crate::flame::write_svg(&folded, &title, &count, out)? {
+                eprintln!(
+                    "heapdump: nothing to draw: no stack has a nonzero {type_name} (the SVG says \
+                     so)"
+                );
+            }
+            Ok(())
         }
     }
 }
@@ -897,6 +927,61 @@ pub fn write_as(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `top`, `leaks`, `retainers` and `graph` name an unsymbolized address as the flame graph
+    /// of a profile names its location: `FILE+0xOFFSET`, the offset `addr2line -e FILE` takes.
+    #[test]
+    fn an_unsymbolized_frame_is_spelled_alike_everywhere() {
+        let m = vmo_layout::Module {
+            path: "/usr/lib/libsqlite3.so.0".into(),
+            base: 0x7f77_b0e0_0000,
+            build_id: Vec::new(),
+            segments: vec![
+                vmo_layout::v1::SegmentV1 {
+                    vaddr: 0,
+                    memsz: 0x1_0000,
+                    offset_flags: 4 << 56,
+                },
+                vmo_layout::v1::SegmentV1 {
+                    vaddr: 0x1_0000,
+                    memsz: 0x20_0000,
+                    offset_flags: (5 << 56) | 0x1_0000,
+                },
+            ],
+            loaded: true,
+        };
+        let a = 0x7f77_b0f2_d502;
+        assert_eq!(module_frame(&m, a), "libsqlite3.so.0+0x12d502");
+        let (memory_start, memory_limit, file_offset) = mapping_of(&m);
+        let p = pb::Profile {
+            sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+            sample: vec![pb::Sample {
+                location_id: vec![1],
+                value: vec![7],
+                label: vec![],
+            }],
+            mapping: vec![pb::Mapping {
+                id: 1,
+                memory_start,
+                memory_limit,
+                file_offset,
+                filename: 3,
+                ..Default::default()
+            }],
+            location: vec![pb::Location {
+                id: 1,
+                mapping_id: 1,
+                address: a,
+                ..Default::default()
+            }],
+            string_table: ["", "space", "bytes", m.path.as_str()]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        };
+        let folded = crate::flame::from_profile(&p, 0);
+        assert_eq!(folded.keys().collect::<Vec<_>>(), [&module_frame(&m, a)]);
+    }
 
     #[test]
     fn merge_keeps_processes_apart_and_labels_them() {

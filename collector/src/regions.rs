@@ -796,6 +796,27 @@ mod tests {
     }
 }
 
+/// A command line on one line, for a table or a message: the arguments joined by spaces, each
+/// control character (a newline, a tab, an escape sequence) written as Rust escapes it (`\n`,
+/// `\t`, `\u{1b}`), so that one process is one row and nothing reaches the terminal as a
+/// control sequence.
+pub fn show_cmdline(cmdline: &[String]) -> String {
+    let mut out = String::new();
+    for (i, arg) in cmdline.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        for c in arg.chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// A region file with its header read.
 pub struct Entry {
     pub file: RegionFile,
@@ -919,7 +940,7 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                                 e.liveness.as_str(),
                                 e.info
                                     .as_ref()
-                                    .map(|i| i.cmdline.join(" "))
+                                    .map(|i| show_cmdline(&i.cmdline))
                                     .unwrap_or_default()
                             )
                         })

@@ -118,10 +118,7 @@ pub fn collect_at(
     // snapshotted again (a few times, then with the live protocol).
     let can_freeze = alive && crate::frozen::same_pid_namespace(target_pid);
     // Tests only: pause inside the scan, while holding the lock and the lease.
-    let mut pause = std::env::var("HEAPDUMP_TEST_PAUSE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
+    let mut pause = heapdump_testhooks::ScanPause::from_env();
     let interval = region.info().sample_interval;
     // Every live block is kept until it has been validated (`check::validate`), also when
     // the caller does not want them: the totals are summed over valid blocks only.
@@ -167,9 +164,7 @@ pub fn collect_at(
                 frozen: frozen.is_some(),
             },
             |b| {
-                if let Some(d) = pause.take() {
-                    std::thread::sleep(d);
-                }
+                pause.at_first_block();
                 blocks.push(*b);
             },
         );

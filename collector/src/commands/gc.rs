@@ -37,7 +37,7 @@ pub fn run(a: Options) -> Result<()> {
             continue;
         }
         let what = match &e.info {
-            Some(i) => format!("pid {} ({})", e.file.pid, i.cmdline.join(" ")),
+            Some(i) => format!("pid {} ({})", e.file.pid, regions::show_cmdline(&i.cmdline)),
             None => format!(
                 "pid {} (unreadable: {})",
                 e.file.pid,

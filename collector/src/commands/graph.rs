@@ -12,6 +12,8 @@ use std::path::PathBuf;
 pub struct Options {
     /// The process, or a capture.
     pub source: Source,
+    /// `--drop-frames`: more frames to skip, as allocator wrappers, at the top of a stack.
+    pub drop_frames: Option<String>,
     /// The output; its name says the format.
     pub output: PathBuf,
     /// An earlier capture: the flame graph counts only blocks new since it.
@@ -19,8 +21,9 @@ pub struct Options {
 }
 
 impl From<cli::GraphArgs> for Options {
-    fn from(a: cli::GraphArgs) -> Self {
+    fn from(mut a: cli::GraphArgs) -> Self {
         Options {
+            drop_frames: a.target.drop_frames.take(),
             source: a.target.into(),
             output: a.output,
             baseline: a.baseline,
@@ -42,10 +45,11 @@ pub fn run(a: Options) -> Result<()> {
         }
         None => None,
     };
+    let rule = super::site_rule(a.drop_frames.as_deref())?;
     let stage = stages();
     let mut an = analysis(&a.source, &stage)?;
     an.name_all_stacks();
-    write_graph_since(&an, &a.output, since.as_deref(), &stage)
+    write_graph_since(&an, &a.output, since.as_deref(), &rule, &stage)
 }
 
 /// What `graph` and `convert` can write, by the output's name.
@@ -66,7 +70,7 @@ pub fn check_output_kind(out: &std::path::Path) -> Result<&'static str> {
 
 /// Writes `an` to `out` as its name says.
 pub fn write_graph(an: &Analysis, out: &std::path::Path, stage: &dyn Fn(&str)) -> Result<()> {
-    write_graph_since(an, out, None, stage)
+    write_graph_since(an, out, None, &crate::sites::Sites::default(), stage)
 }
 
 /// As [`write_graph`]; a flame graph counts only blocks whose address is not in `since`
@@ -75,11 +79,12 @@ fn write_graph_since(
     an: &Analysis,
     out: &std::path::Path,
     since: Option<&[u64]>,
+    rule: &crate::sites::Sites,
     stage: &dyn Fn(&str),
 ) -> Result<()> {
     let kind = check_output_kind(out)?;
     let g = &an.g;
-    let sites = sites(an);
+    let sites = sites(an, rule);
     let site_of = |b: &graph::Block| {
         sites
             .get(&b.stack)
@@ -133,6 +138,13 @@ fn write_graph_since(
                 )],
             );
             pprof::write(&p, None, out)?;
+            eprintln!(
+                "heapdump: {}: {} live blocks, {} bytes -> {}",
+                an.describe(),
+                g.blocks.len(),
+                g.blocks.iter().map(|b| b.size).sum::<u64>(),
+                out.display()
+            );
         }
         _ => {
             stage("finding the shortest chains from the roots");
@@ -158,7 +170,17 @@ fn write_graph_since(
                 ),
                 None => format!("Ownership: who holds the live heap of {}", an.describe()),
             };
-            flame::write_svg(&folded, &title, "bytes", out)?;
+            if !flame::write_svg(&folded, &title, "bytes", out)? {
+                eprintln!(
+                    "heapdump: nothing to draw: {}",
+                    match since {
+                        Some(_) =>
+                            "every live block was already in the baseline (a block is \
+                                    new when no block of the baseline had its address)",
+                        None => "no live block",
+                    }
+                );
+            }
             eprintln!(
                 "heapdump: {}: {} live blocks, {} roots -> {}",
                 an.describe(),

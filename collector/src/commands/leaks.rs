@@ -12,6 +12,8 @@ use std::path::PathBuf;
 pub struct Options {
     /// The process, or a capture.
     pub source: Source,
+    /// `--drop-frames`: more frames to skip, as allocator wrappers, at the top of a stack.
+    pub drop_frames: Option<String>,
     /// One JSON object per leak group instead of a report.
     pub json: bool,
     /// Also the leaked blocks as a pprof profile here.
@@ -19,8 +21,9 @@ pub struct Options {
 }
 
 impl From<cli::LeaksArgs> for Options {
-    fn from(a: cli::LeaksArgs) -> Self {
+    fn from(mut a: cli::LeaksArgs) -> Self {
         Options {
+            drop_frames: a.target.drop_frames.take(),
             source: a.target.into(),
             json: a.json,
             output: a.output,
@@ -31,6 +34,11 @@ impl From<cli::LeaksArgs> for Options {
 /// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
 pub fn run(a: Options) -> Result<()> {
     use graph::leaks::Status;
+    // --drop-frames: the frames matching it are left off the top of each stack shown.
+    super::check_regex(a.drop_frames.as_deref())?;
+    let drop = (a.drop_frames.as_deref())
+        .map(|d| regex::Regex::new(&format!("^(?:{d})$")))
+        .transpose()?;
     let stage = stages();
     let mut an = analysis(&a.source, &stage)?;
     stage("finding what is reachable");
@@ -110,7 +118,19 @@ pub fn run(a: Options) -> Result<()> {
     }
     let mut groups: Vec<((Status, u32), (u64, u64))> = groups.into_iter().collect();
     groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
-    let names = &an.stacks;
+    let shown: std::collections::HashMap<u32, Vec<String>> = (an.stacks.iter())
+        .map(|(s, f)| {
+            let keep = match &drop {
+                Some(re) => f
+                    .iter()
+                    .position(|n| !re.is_match(n))
+                    .unwrap_or(f.len().saturating_sub(1)),
+                None => 0,
+            };
+            (*s, f[keep.min(f.len())..].to_vec())
+        })
+        .collect();
+    let names = &shown;
     let (direct, indirect) =
         groups
             .iter()
@@ -190,6 +210,8 @@ pub fn run(a: Options) -> Result<()> {
         );
     }
     if let Some(out) = &a.output {
+        let what = an.describe();
+        let leaked_bytes = direct + indirect;
         let profile = match an.c {
             Some(mut c) => {
                 c.inuse = inuse;
@@ -214,13 +236,16 @@ pub fn run(a: Options) -> Result<()> {
                     &an.stacks,
                     by_stack.into_iter().map(|(s, (b, n))| (s, b, n)),
                     &[format!(
-                        "leaked blocks of {}, from a heapdump graph capture",
-                        an.describe()
+                        "leaked blocks of {what}, from a heapdump graph capture"
                     )],
                 )
             }
         };
         pprof::write(&profile, None, out)?;
+        eprintln!(
+            "heapdump: {what}: {leaked_bytes} leaked bytes -> {}",
+            out.display()
+        );
     }
     Ok(())
 }

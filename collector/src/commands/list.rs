@@ -69,7 +69,16 @@ pub fn run(a: Options) -> Result<()> {
         "{:>8}  {:<7}  {:>12}  {:>10}  {:>8}  {:>3}  COMMAND",
         "PID", "STATUS", "LIVE BYTES", "BLOCKS", "DROPPED", "VER"
     );
-    for e in &entries {
+    // A kept region of a process that exited without allocating anything (a wrapper's
+    // helper: `HEAPDUMP_KEEP=1` behind a script) has nothing to show: left out of the table,
+    // counted under it. `--json` lists every region.
+    let empty = |e: &&regions::Entry| {
+        e.foreign.is_none()
+            && e.liveness != regions::Liveness::Alive
+            && e.info.as_ref().is_some_and(|i| i.counters.allocs == 0)
+    };
+    let left_out = entries.iter().filter(empty).count();
+    for e in entries.iter().filter(|e| !empty(e)) {
         match &e.info {
             Some(i) => {
                 println!(
@@ -80,7 +89,7 @@ pub fn run(a: Options) -> Result<()> {
                     i.counters.live_blocks,
                     i.counters.dropped_blocks,
                     i.version,
-                    i.cmdline.join(" ")
+                    regions::show_cmdline(&i.cmdline)
                 );
                 if let Some(why) = &e.foreign {
                     println!("{:>8}  {why}", "");
@@ -111,10 +120,11 @@ pub fn run(a: Options) -> Result<()> {
                         );
                     }
                     if i.named_requested > i.named_capacity {
+                        let more = i.named_requested - i.named_capacity;
                         println!(
-                            "{:>8}  {} more named snapshots were refused: the table holds {}",
+                            "{:>8}  {more} more named snapshot{} refused: the table holds {}",
                             "",
-                            i.named_requested - i.named_capacity,
+                            if more == 1 { " was" } else { "s were" },
                             i.named_capacity
                         );
                     }
@@ -131,6 +141,14 @@ pub fn run(a: Options) -> Result<()> {
                 e.error.as_deref().unwrap_or("")
             ),
         }
+    }
+    if left_out > 0 {
+        println!(
+            "({left_out} region{} of exited processes that allocated nothing not shown; \
+             `heapdump gc` removes {})",
+            if left_out == 1 { "" } else { "s" },
+            if left_out == 1 { "it" } else { "them" }
+        );
     }
     Ok(())
 }

@@ -32,6 +32,24 @@ impl From<cli::LiveTarget> for Source {
     }
 }
 
+/// How allocation sites are named: the default allocator wrappers and `--drop-frames`.
+///
+/// Errors: `drop_frames` is not a regular expression.
+pub fn site_rule(drop_frames: Option<&str>) -> anyhow::Result<crate::sites::Sites> {
+    check_regex(drop_frames)?;
+    Ok(crate::sites::Sites::new(drop_frames)?)
+}
+
+/// Checks `--drop-frames` alone, for an error that names it and nothing else.
+pub fn check_regex(drop_frames: Option<&str>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(d) = drop_frames {
+        regex::Regex::new(d)
+            .with_context(|| format!("--drop-frames {d:?} is not a regular expression"))?;
+    }
+    Ok(())
+}
+
 /// Stage messages on stderr when it is a terminal.
 pub fn stages() -> impl Fn(&str) {
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());

@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 pub struct Options {
     /// The process, or a capture.
     pub source: Source,
+    /// `--drop-frames`: more frames to skip, as allocator wrappers, at the top of a stack.
+    pub drop_frames: Option<String>,
     /// A regular expression over function names.
     pub function: String,
     /// One JSON object per chain.
@@ -20,8 +22,9 @@ pub struct Options {
 }
 
 impl From<cli::RetainersArgs> for Options {
-    fn from(a: cli::RetainersArgs) -> Self {
+    fn from(mut a: cli::RetainersArgs) -> Self {
         Options {
+            drop_frames: a.target.drop_frames.take(),
             source: a.target.into(),
             function: a.function,
             json: a.json,
@@ -34,6 +37,7 @@ impl From<cli::RetainersArgs> for Options {
 pub fn run(a: Options) -> Result<()> {
     let re = regex::Regex::new(&a.function)
         .with_context(|| format!("--function {:?} is not a regular expression", a.function))?;
+    let rule = super::site_rule(a.drop_frames.as_deref())?;
     let stage = stages();
     let mut an = analysis(&a.source, &stage)?;
     an.name_all_stacks();
@@ -41,7 +45,7 @@ pub fn run(a: Options) -> Result<()> {
     stage("finding the shortest chains from the roots");
     let tree = graph::paths::Tree::new(g);
     let names = &an.stacks;
-    let sites = sites(&an);
+    let sites = sites(&an, &rule);
     let matching: std::collections::HashSet<u32> = names
         .iter()
         .filter(|(_, f)| f.iter().any(|n| re.is_match(n)))

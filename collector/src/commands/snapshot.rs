@@ -3,7 +3,7 @@
 
 use crate::cli::{SnapshotProps, Target};
 use crate::regions::{self, Liveness};
-use crate::{contents, moments, multi, pprof, push, snapshot, testhooks};
+use crate::{contents, moments, multi, pprof, push, snapshot};
 use anyhow::{bail, Result};
 
 /// Takes the snapshot `p` describes and writes/pushes it; prints one summary line on stderr.
@@ -67,7 +67,7 @@ pub fn run(p: SnapshotProps) -> Result<()> {
     )?;
     let read = match &p.contents {
         Some(req) => {
-            testhooks::test_pause();
+            heapdump_testhooks::contents_pause();
             stage(&format!(
                 "reading the contents of {} live blocks",
                 c.meta.blocks

@@ -10,6 +10,8 @@ use anyhow::{bail, Result};
 pub struct Options {
     /// The process, or a capture.
     pub source: Source,
+    /// `--drop-frames`: more frames to skip, as allocator wrappers, at the top of a stack.
+    pub drop_frames: Option<String>,
     /// `--retained` (required: the only ranking so far).
     pub retained: bool,
     /// One JSON object instead of tables.
@@ -19,8 +21,9 @@ pub struct Options {
 }
 
 impl From<cli::TopArgs> for Options {
-    fn from(a: cli::TopArgs) -> Self {
+    fn from(mut a: cli::TopArgs) -> Self {
         Options {
+            drop_frames: a.target.drop_frames.take(),
             source: a.target.into(),
             retained: a.retained,
             json: a.json,
@@ -35,6 +38,7 @@ pub fn run(a: Options) -> Result<()> {
     if !a.retained {
         bail!("`heapdump top` ranks by retained size: pass --retained");
     }
+    let rule = super::site_rule(a.drop_frames.as_deref())?;
     let stage = stages();
     let mut an = analysis(&a.source, &stage)?;
     an.name_all_stacks();
@@ -42,7 +46,7 @@ pub fn run(a: Options) -> Result<()> {
     stage("computing the dominator tree");
     let d = graph::dominators::dominators(g);
     stage("ranking");
-    let sites = sites(&an);
+    let sites = sites(&an, &rule);
     let site_of = |b: u32| {
         sites
             .get(&g.blocks[b as usize].stack)
