@@ -6,6 +6,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::push::{PushFormat, PushProps};
+pub use crate::regions::{Selection, Target};
+
 /// heapdump: a heap profiler for Linux. Records every live allocation of a program into shared
 /// memory (via LD_PRELOAD or a Rust #[global_allocator]) and snapshots it, from outside and
 /// without stopping the program, into a symbolized pprof profile.
@@ -48,8 +51,8 @@ pub enum Command {
     /// profile (`.pb.gz`) into a flame graph (`.svg`).
     Convert(ConvertArgs),
     /// Snapshot processes every interval (aligned to it) into DIR/NAME-PID-TIME.pb.gz and/or
-    /// push each profile to a profiling server (Grafana Pyroscope), until stopped (SIGINT,
-    /// SIGTERM) or --count snapshots.
+    /// push each profile to a profiling server (Grafana Pyroscope or Parca), until stopped
+    /// (SIGINT, SIGTERM) or --count snapshots.
     Watch(WatchArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
@@ -77,6 +80,12 @@ pub struct LiveTarget {
     /// Longest wait, in seconds, for another snapshot of the same region to finish.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub lock_timeout: f64,
+    /// Frames whose function name matches this regular expression (whole name) are dropped
+    /// from the top of each stack, as pprof's --drop_frames does: an allocation site is named
+    /// by the first frame left, after the known allocator wrappers (malloc, operator new,
+    /// _PyObject_Malloc, g_malloc, ...).
+    #[arg(long, value_name = "REGEX")]
+    pub drop_frames: Option<String>,
 }
 
 /// `heapdump leaks`.
@@ -148,9 +157,9 @@ pub struct GraphArgs {
     pub output: PathBuf,
     /// Only blocks that are new since this earlier capture (`FILE.hdsnap`) are counted in the
     /// flame graph (`.svg`): "what is new, and who holds it". A block is new if no block of the
-    /// capture had its address.
-    #[arg(long, value_name = "CAPTURE")]
-    pub since: Option<PathBuf>,
+    /// capture had its address. (Its former name, `since`, is still taken.)
+    #[arg(long, value_name = "CAPTURE", alias = "since")]
+    pub baseline: Option<PathBuf>,
 }
 
 /// `heapdump convert`.
@@ -364,29 +373,6 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// How to pick the region to snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// By process id.
-    Pid(u32),
-    /// By command name.
-    Name(String),
-    /// A region file.
-    File(PathBuf),
-    /// Several running processes (`--multi-process`).
-    Many(Selection),
-}
-
-/// Which running processes a multi-process snapshot takes: those matching every filter given
-/// (none: all of this user's).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Selection {
-    /// Command names (any of them); empty: any name.
-    pub names: Vec<String>,
-    /// Only this process and its descendants.
-    pub tree: Option<u32>,
-}
-
 /// What `heapdump snapshot` does.
 #[derive(Debug, Clone)]
 pub struct SnapshotProps {
@@ -545,16 +531,6 @@ pub struct PushArgs {
     pub push_timeout: Duration,
 }
 
-/// `--push-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PushFormat {
-    /// Grafana Pyroscope: Connect `push.v1.PusherService/Push` over HTTP/1.1.
-    Pyroscope,
-    /// Parca (and Polar Signals Cloud): gRPC
-    /// `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw` over HTTP/2.
-    Parca,
-}
-
 /// Parses `KEY=VALUE` (a label name as Prometheus spells them: `[A-Za-z_][A-Za-z0-9_]*`).
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
@@ -575,23 +551,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// Where and how to push profiles.
-#[derive(Debug, Clone)]
-pub struct PushProps {
-    /// The server's base URL, without a trailing `/`.
-    pub url: String,
-    /// The server's API.
-    pub format: PushFormat,
-    /// The user's labels (`--label`), in order.
-    pub labels: Vec<(String, String)>,
-    /// `Authorization` header value, if any (`Bearer …` or `Basic …`).
-    pub authorization: Option<String>,
-    /// `X-Scope-OrgID`.
-    pub tenant: Option<String>,
-    /// Longest time per push.
-    pub timeout: Duration,
-}
-
+/// `--push` and the options after it, converted ([`PushProps`] is `push`'s own).
 impl PushProps {
     /// `None` without `--push`.
     ///
@@ -637,7 +597,13 @@ impl PushProps {
                         f.display()
                     );
                 }
-                Some(format!("Basic {}", crate::push::base64(up.as_bytes())))
+                Some(format!(
+                    "Basic {}",
+                    base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        up.as_bytes()
+                    )
+                ))
             }
             (None, None) => None,
         };
@@ -791,7 +757,9 @@ impl TryFrom<WatchArgs> for WatchProps {
             symbolize: !a.no_symbolize,
             lock_timeout: Duration::from_secs_f64(a.lock_timeout.clamp(0.0, 1e9)),
             push,
-            spool_max_bytes: a.spool_max_bytes.unwrap_or(crate::spool::DEFAULT_MAX_BYTES),
+            spool_max_bytes: a
+                .spool_max_bytes
+                .unwrap_or(crate::push::spool::DEFAULT_MAX_BYTES),
         })
     }
 }

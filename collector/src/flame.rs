@@ -29,17 +29,25 @@ pub fn key<'a>(frames: impl IntoIterator<Item = &'a str>) -> String {
 
 /// Draws `folded` as an interactive SVG flame graph (click to zoom, Ctrl-F to search) titled
 /// `title`, frame widths counted in `count_name` (e.g. `bytes`), and writes it to `out` (`-`:
-/// standard output) as [`crate::pprof::write_with`] does.
+/// standard output) as [`crate::output::write_with`] does.
 ///
-/// Errors: `folded` has no nonzero count (nothing to draw), or writing fails.
+/// When no stack has a nonzero count, the SVG is still written, a valid one that says there
+/// is nothing to draw (`false` is returned: the caller says why on stderr).
+///
+/// Errors: writing fails.
 pub fn write_svg(
     folded: &Folded,
     title: &str,
     count_name: &str,
     out: &std::path::Path,
-) -> Result<()> {
+) -> Result<bool> {
     if folded.values().all(|&v| v == 0) {
-        bail!("nothing to draw: no stack has a nonzero count of {count_name}");
+        let svg = empty_svg(
+            title,
+            &format!("Nothing to draw: no stack has a nonzero count of {count_name}."),
+        );
+        crate::output::write_bytes(svg.as_bytes(), out)?;
+        return Ok(false);
     }
     let lines: Vec<String> = folded
         .iter()
@@ -52,7 +60,32 @@ pub fn write_svg(
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
         .context("drawing the flame graph")?;
-    crate::pprof::write_bytes(&svg, out)
+    crate::output::write_bytes(&svg, out)?;
+    Ok(true)
+}
+
+/// A flame graph's SVG without frames: `title`, and `text` under it.
+fn empty_svg(title: &str, text: &str) -> String {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"1200\" height=\"80\" viewBox=\"0 0 1200 80\" \
+         xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <title>{t}</title>\n\
+         <rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"#eeeeee\"/>\n\
+         <text x=\"600\" y=\"30\" text-anchor=\"middle\" font-family=\"Verdana\" \
+         font-size=\"17\">{t}</text>\n\
+         <text id=\"nothing\" x=\"600\" y=\"60\" text-anchor=\"middle\" font-family=\"Verdana\" \
+         font-size=\"12\">{x}</text>\n\
+         </svg>\n",
+        t = esc(title),
+        x = esc(text)
+    )
 }
 
 /// The index (into `p.sample_type` and each sample's values) of the sample type named `name`

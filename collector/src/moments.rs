@@ -23,9 +23,12 @@ pub fn find_named<'a>(list: &'a [NamedSnapshot], spec: &str) -> Result<&'a Named
             }
             if !same.is_empty() {
                 bail!(
-                    "there are {} named snapshots called {name:?}: {spec:?} asks for number {n} \
-                     (they are numbered from 1)",
-                    same.len()
+                    "there {} called {name:?}: {spec:?} asks for number {n} (they are numbered \
+                     from 1)",
+                    match same.len() {
+                        1 => "is 1 named snapshot".to_owned(),
+                        k => format!("are {k} named snapshots"),
+                    }
                 );
             }
         }
@@ -210,6 +213,11 @@ mod tests {
             .to_string()
             .contains("there are 2 named snapshots called \"warm\""));
         assert!(find_named(&l, "warm@0").is_err());
+        assert_eq!(
+            find_named(&l, "x@y@2").unwrap_err().to_string(),
+            "there is 1 named snapshot called \"x@y\": \"x@y@2\" asks for number 2 (they are \
+             numbered from 1)"
+        );
         assert_eq!(find_named(&l, "x@y").unwrap().time_ns, 20);
         assert_eq!(find_named(&l, "a@2").unwrap().time_ns, 40);
         let e = find_named(&l, "cold").unwrap_err().to_string();

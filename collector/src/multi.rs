@@ -7,8 +7,9 @@
 //! separate `heapdump snapshot --by-pid` runs would give for each.
 
 use crate::cli::{Selection, SnapshotProps};
+use crate::pprof;
+use crate::regions::Entry;
 use crate::regions::{self, Liveness};
-use crate::{pprof, Entry};
 use anyhow::{bail, Result};
 
 /// Snapshots every running instrumented process that `sel` selects (this user's region
@@ -136,7 +137,7 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
 pub fn select(sel: &Selection) -> Result<Vec<Entry>> {
     let tree = sel.tree.map(regions::process_tree).transpose()?;
     let me = std::process::id();
-    let mut chosen: Vec<Entry> = crate::scan()?
+    let mut chosen: Vec<Entry> = regions::scan()?
         .into_iter()
         .filter(|e| e.liveness == Liveness::Alive && e.file.pid != me)
         .filter(|e| match &tree {

@@ -60,6 +60,36 @@ pub fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
         .is_some_and(|f| is_shim_function(&f.function))
 }
 
+/// A module's pprof mapping: (memory start, memory limit, file offset) of its executable
+/// segment (its first if none is marked executable), page-aligned as pprof wants.
+pub fn mapping_of(m: &vmo_layout::Module) -> (u64, u64, u64) {
+    let seg = m
+        .segments
+        .iter()
+        .find(|s| (s.offset_flags >> 56) & 1 == 1)
+        .or(m.segments.first())
+        .copied()
+        .unwrap_or_default();
+    let start = m.base.wrapping_add(seg.vaddr);
+    (
+        start & !0xfff,
+        start.wrapping_add(seg.memsz),
+        (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+    )
+}
+
+/// An address of module `m` that has no function name, as every output spells it:
+/// `FILE+0xOFFSET` (the file's name, and the offset in it that `addr2line -e FILE` takes),
+/// as the flame graph of a profile names such a location ([`crate::flame::from_profile`]).
+pub fn module_frame(m: &vmo_layout::Module, address: u64) -> String {
+    let (start, _, file_offset) = mapping_of(m);
+    let file = m.path.rsplit('/').next().unwrap_or(&m.path);
+    format!(
+        "{file}+{:#x}",
+        address.wrapping_sub(start).wrapping_add(file_offset)
+    )
+}
+
 /// Whether the (demangled) function `name` belongs to the recording path rather than to the
 /// program: the instrumentation crate (`HeapdumpAlloc`'s methods, fully qualified), and the
 /// global-allocator shims rustc generates (`__rust_alloc`, `__rg_alloc`, `__rdl_alloc` and
@@ -143,20 +173,13 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
             continue;
         };
         let m = &c.modules[i];
-        let seg = m
-            .segments
-            .iter()
-            .find(|s| (s.offset_flags >> 56) & 1 == 1)
-            .or(m.segments.first())
-            .copied()
-            .unwrap_or_default();
-        let start = m.base.wrapping_add(seg.vaddr);
+        let (memory_start, memory_limit, file_offset) = mapping_of(m);
         let id = p.mapping.len() as u64 + 1;
         p.mapping.push(pb::Mapping {
             id,
-            memory_start: start & !0xfff,
-            memory_limit: start.wrapping_add(seg.memsz),
-            file_offset: (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+            memory_start,
+            memory_limit,
+            file_offset,
             filename: s.id(&m.path),
             build_id: s.id(&hex(&m.build_id)),
             has_functions: has,
@@ -558,7 +581,7 @@ pub fn write_parts(
     blocks: &[&BlockSamples<'_>],
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
-    write_with(path, |out| encode_parts(p, blocks, out))
+    crate::output::write_with(path, |out| encode_parts(p, blocks, out))
 }
 
 /// Encodes `p` and the per-block samples gzip-compressed into `out` (what [`write_parts`]
@@ -597,63 +620,6 @@ pub fn encode_gz(p: &pb::Profile) -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::new();
     encode_parts(p, &[], &mut out)?;
     Ok(out)
-}
-
-/// Writes `bytes` to `path` as [`write_with`] does.
-pub fn write_bytes(bytes: &[u8], path: &std::path::Path) -> anyhow::Result<()> {
-    write_with(path, |out| {
-        out.write_all(bytes)?;
-        out.flush()
-    })
-}
-
-/// Writes an output file safely: `-` is standard output; otherwise a temporary file created
-/// exclusively (no symlink followed), mode 0600, in the same directory (opened with
-/// `O_DIRECTORY | O_NOFOLLOW`: a directory reached through a link in its last component is
-/// refused), renamed into place when `encode` succeeded. A directory is refused with a clear
-/// message.
-pub fn write_with(
-    path: &std::path::Path,
-    encode: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    if path.as_os_str() == "-" {
-        let mut out = std::io::stdout().lock();
-        return encode(&mut out).context("cannot write to standard output");
-    }
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        anyhow::bail!(
-            "{}: is a directory; -o takes a file name (e.g. {}) or - for standard output",
-            path.display(),
-            path.join("heap.pb.gz").display()
-        );
-    }
-    // A device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written to, not
-    // replaced: renaming a file over it would turn `/dev/null` into a regular file for every
-    // program on the machine (a test run as root did exactly that). Not followed if a link.
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        let t = m.file_type();
-        if t.is_char_device() || t.is_fifo() {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
-            return encode(&mut f).with_context(|| format!("cannot write {}", path.display()));
-        }
-    }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .with_context(|| format!("{}: not a file name", path.display()))?;
-    // The directory opened once, not through a link (`crate::outdir`); the file created
-    // and renamed relative to it.
-    let dir = crate::outdir::Dir::open(dir, crate::outdir::Create::No)?;
-    dir.write_atomic(name, encode)
 }
 
 /// A profile of live blocks named by function only (no addresses or mappings): what a
@@ -946,7 +912,14 @@ pub fn write_as(
             }
             let folded = crate::flame::from_profile(p, index);
             let title = format!("Heap profile: {type_name} of {what}");
-            crate::flame::write_svg(&folded, &title, &crate::flame::count_name(p, index), out)
+            let count = crate::flame::count_name(p, index);
+            if !crate::flame::write_svg(&folded, &title, &count, out)? {
+                eprintln!(
+                    "heapdump: nothing to draw: no stack has a nonzero {type_name} (the SVG says \
+                     so)"
+                );
+            }
+            Ok(())
         }
     }
 }
@@ -954,6 +927,61 @@ pub fn write_as(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `top`, `leaks`, `retainers` and `graph` name an unsymbolized address as the flame graph
+    /// of a profile names its location: `FILE+0xOFFSET`, the offset `addr2line -e FILE` takes.
+    #[test]
+    fn an_unsymbolized_frame_is_spelled_alike_everywhere() {
+        let m = vmo_layout::Module {
+            path: "/usr/lib/libsqlite3.so.0".into(),
+            base: 0x7f77_b0e0_0000,
+            build_id: Vec::new(),
+            segments: vec![
+                vmo_layout::v1::SegmentV1 {
+                    vaddr: 0,
+                    memsz: 0x1_0000,
+                    offset_flags: 4 << 56,
+                },
+                vmo_layout::v1::SegmentV1 {
+                    vaddr: 0x1_0000,
+                    memsz: 0x20_0000,
+                    offset_flags: (5 << 56) | 0x1_0000,
+                },
+            ],
+            loaded: true,
+        };
+        let a = 0x7f77_b0f2_d502;
+        assert_eq!(module_frame(&m, a), "libsqlite3.so.0+0x12d502");
+        let (memory_start, memory_limit, file_offset) = mapping_of(&m);
+        let p = pb::Profile {
+            sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+            sample: vec![pb::Sample {
+                location_id: vec![1],
+                value: vec![7],
+                label: vec![],
+            }],
+            mapping: vec![pb::Mapping {
+                id: 1,
+                memory_start,
+                memory_limit,
+                file_offset,
+                filename: 3,
+                ..Default::default()
+            }],
+            location: vec![pb::Location {
+                id: 1,
+                mapping_id: 1,
+                address: a,
+                ..Default::default()
+            }],
+            string_table: ["", "space", "bytes", m.path.as_str()]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        };
+        let folded = crate::flame::from_profile(&p, 0);
+        assert_eq!(folded.keys().collect::<Vec<_>>(), [&module_frame(&m, a)]);
+    }
 
     #[test]
     fn merge_keeps_processes_apart_and_labels_them() {

@@ -123,7 +123,7 @@ pub fn resolve(
     native.sort_unstable();
     native.dedup();
     let by_plain = if symbolize {
-        symbolize::symbolize(modules, jit, &native)
+        symbolize::symbolize(modules, &|a| jit.lookup(a), &native)
     } else {
         native
             .iter()

@@ -1,7 +1,7 @@
 //! Finding and opening region files safely.
 //!
 //! Regions live in `$HEAPDUMP_DIR` or `/dev/shm/heapdump-UID`, named
-//! `PID-STARTTICKS-CREATEDNS.heapdump` (see `instrumentation/src/region.rs`). A region is opened
+//! `PID-STARTTICKS-CREATEDNS.heapdump` (the rule is `vmo_layout::name`'s). A region is opened
 //! without following symlinks, must be a regular file owned by the caller (unless the caller is
 //! root) and not readable by others; then mapped and validated by [`vmo_layout::Region`].
 
@@ -43,18 +43,6 @@ pub struct RegionFile {
     pub start_ticks: u64,
     /// Creation time (CLOCK_MONOTONIC ns) from the name.
     pub created_ns: u64,
-}
-
-/// Parses `PID-TICKS-NS.heapdump`.
-pub fn parse_name(name: &str) -> Option<(u32, u64, u64)> {
-    let stem = name.strip_suffix(".heapdump")?;
-    let mut it = stem.split('-');
-    let r = (
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-    );
-    it.next().is_none().then_some(r)
 }
 
 /// Checks that the region directory `dir` can be trusted, as the shim requires of the
@@ -139,12 +127,12 @@ pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
     let mut out = Vec::new();
     for e in rd.flatten() {
         let name = e.file_name();
-        if let Some((pid, start_ticks, created_ns)) = name.to_str().and_then(parse_name) {
+        if let Some(n) = vmo_layout::name::parse(name.as_encoded_bytes()) {
             out.push(RegionFile {
                 path: e.path(),
-                pid,
-                start_ticks,
-                created_ns,
+                pid: n.pid,
+                start_ticks: n.start_ticks,
+                created_ns: n.created_ns,
             });
         }
     }
@@ -277,19 +265,15 @@ pub mod truncation {
     /// Returns the slot, or `None` when all are taken (the mapping is then unprotected).
     pub fn register(start: usize, len: usize) -> Option<usize> {
         INSTALL.call_once(|| {
-            // SAFETY: sysconf has no preconditions; a zeroed sigaction is valid and the
-            // handler is async-signal-safe.
-            unsafe {
-                let p = libc::sysconf(libc::_SC_PAGESIZE);
-                if p > 0 {
-                    PAGE.store(p as usize, Ordering::Relaxed);
-                }
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_sigbus as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+            // SAFETY: sysconf has no preconditions.
+            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if p > 0 {
+                PAGE.store(p as usize, Ordering::Relaxed);
             }
+            use crate::signals::{self, Handler};
+            // SAFETY: the handler is async-signal-safe (atomics and mmap).
+            let _ =
+                unsafe { signals::set(libc::SIGBUS, Handler::Info(on_sigbus), libc::SA_NODEFER) };
         });
         for i in 0..SLOTS {
             if START[i]
@@ -575,13 +559,12 @@ pub fn open_usable(path: &Path, f: Option<&RegionFile>) -> Result<Usable> {
         Some(f) => Some(f.clone()),
         None => path
             .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(parse_name)
-            .map(|(pid, start_ticks, created_ns)| RegionFile {
+            .and_then(|n| vmo_layout::name::parse(n.as_encoded_bytes()))
+            .map(|n| RegionFile {
                 path: path.to_owned(),
-                pid,
-                start_ticks,
-                created_ns,
+                pid: n.pid,
+                start_ticks: n.start_ticks,
+                created_ns: n.created_ns,
             }),
     };
     if let Err(line) = trust(&opened, &info, file.as_ref()) {
@@ -781,15 +764,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_parse() {
-        assert_eq!(parse_name("12-34-56.heapdump"), Some((12, 34, 56)));
-        assert_eq!(parse_name("12-34.heapdump"), None);
-        assert_eq!(parse_name("12-34-56-7.heapdump"), None);
-        assert_eq!(parse_name("12-34-56.txt"), None);
-        assert_eq!(parse_name("a-34-56.heapdump"), None);
-    }
-
-    #[test]
     fn process_tree_holds_children_and_grandchildren() {
         use std::process::{Command, Stdio};
         // sh (a child) -> sleep (a grandchild); sh waits, so both stay put until killed.
@@ -820,4 +794,187 @@ mod tests {
         });
         assert!(process_tree(u32::MAX).is_err());
     }
+}
+
+/// A command line on one line, for a table or a message: the arguments joined by spaces, each
+/// control character (a newline, a tab, an escape sequence) written as Rust escapes it (`\n`,
+/// `\t`, `\u{1b}`), so that one process is one row and nothing reaches the terminal as a
+/// control sequence.
+pub fn show_cmdline(cmdline: &[String]) -> String {
+    let mut out = String::new();
+    for (i, arg) in cmdline.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        for c in arg.chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// A region file with its header read.
+pub struct Entry {
+    pub file: RegionFile,
+    pub info: Option<vmo_layout::RegionInfo>,
+    /// Named snapshots the program took.
+    pub named: Vec<vmo_layout::NamedSnapshot>,
+    pub error: Option<String>,
+    pub liveness: Liveness,
+    /// Why the region is foreign ([`trust`]): every command refuses it.
+    pub foreign: Option<String>,
+}
+
+impl Entry {
+    /// `list`'s STATUS: `foreign`, else its process's liveness.
+    pub fn status(&self) -> &'static str {
+        match self.foreign {
+            Some(_) => "foreign",
+            None => self.liveness.as_str(),
+        }
+    }
+}
+
+/// Every region file of [`region_dir`], its header read (an unreadable one with its error).
+pub fn scan() -> Result<Vec<Entry>> {
+    let dir = region_dir();
+    let files = list_files(&dir)?;
+    let mut out = Vec::new();
+    for f in &files {
+        let newer = has_newer(&files, f);
+        // A region truncated while its header is read shows zeros instead of killing us
+        // (see `truncation`): report it as unreadable.
+        type Read = (
+            vmo_layout::RegionInfo,
+            Vec<vmo_layout::NamedSnapshot>,
+            Option<String>,
+        );
+        let read = |o: Opened| -> Result<Read> {
+            let r = o.region()?;
+            let (info, named) = (r.info(), r.named_snapshots());
+            let foreign = trust(&o, &info, Some(f)).err();
+            match o.truncated() {
+                Some(why) => bail!("{why}"),
+                None => Ok((info, named, foreign)),
+            }
+        };
+        match open(&f.path).and_then(read) {
+            Ok((info, named, foreign)) => {
+                let liveness = liveness(&info, f, newer);
+                out.push(Entry {
+                    file: f.clone(),
+                    info: Some(info),
+                    named,
+                    error: None,
+                    liveness,
+                    foreign,
+                });
+            }
+            Err(e) => out.push(Entry {
+                file: f.clone(),
+                info: None,
+                named: Vec::new(),
+                error: Some(format!("{e:#}")),
+                liveness: Liveness::Exited,
+                foreign: None,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// The region file `target` names: a pid's (the running image's, else the newest), a command
+/// name's (unique, or the only running one), or a file given as is (its [`RegionFile`] then
+/// unknown).
+pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
+    match target {
+        Target::File(p) => Ok((p.clone(), None)),
+        Target::Many(_) => bail!("this command takes one process, not --multi-process"),
+        Target::Pid(pid) => {
+            let files = list_files(&region_dir())?;
+            let mut mine: Vec<&RegionFile> = files.iter().filter(|f| f.pid == *pid).collect();
+            if mine.is_empty() {
+                if proc_start_ticks(*pid).is_some() {
+                    bail!(
+                        "process {pid} is not instrumented (no region in {}); start it with `heapdump run` or LD_PRELOAD=libheapdump.so",
+                        region_dir().display()
+                    );
+                }
+                bail!("no such process: {pid} (and no region left by it)");
+            }
+            // Prefer the region of the image running now; else the newest.
+            let now = proc_start_ticks(*pid);
+            mine.sort_by_key(|f| (Some(f.start_ticks) == now, f.created_ns));
+            let f = mine.last().unwrap();
+            Ok((f.path.clone(), Some((*f).clone())))
+        }
+        Target::Name(name) => {
+            let entries = scan()?;
+            let matches: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| e.info.as_ref().is_some_and(|i| matches_name(i, name)))
+                .collect();
+            let alive: Vec<&&Entry> = matches
+                .iter()
+                .filter(|e| e.liveness == Liveness::Alive)
+                .collect();
+            let chosen: Vec<&Entry> = if alive.len() == 1 {
+                vec![alive[0]]
+            } else {
+                matches.clone()
+            };
+            match chosen.as_slice() {
+                [] => bail!("no instrumented process named {name:?} (see `heapdump list`)"),
+                [one] => Ok((one.file.path.clone(), Some(one.file.clone()))),
+                many => {
+                    let list: Vec<String> = many
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "  pid {} ({}): {}",
+                                e.file.pid,
+                                e.liveness.as_str(),
+                                e.info
+                                    .as_ref()
+                                    .map(|i| show_cmdline(&i.cmdline))
+                                    .unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    bail!(
+                        "{name:?} matches {} processes; pick one with --by-pid:\n{}",
+                        many.len(),
+                        list.join("\n")
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// How to pick the region to snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// By process id.
+    Pid(u32),
+    /// By command name.
+    Name(String),
+    /// A region file.
+    File(PathBuf),
+    /// Several running processes (`--multi-process`).
+    Many(Selection),
+}
+
+/// Which running processes a multi-process snapshot takes: those matching every filter given
+/// (none: all of this user's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selection {
+    /// Command names (any of them); empty: any name.
+    pub names: Vec<String>,
+    /// Only this process and its descendants.
+    pub tree: Option<u32>,
 }

@@ -118,10 +118,7 @@ pub fn collect_at(
     // snapshotted again (a few times, then with the live protocol).
     let can_freeze = alive && crate::frozen::same_pid_namespace(target_pid);
     // Tests only: pause inside the scan, while holding the lock and the lease.
-    let mut pause = std::env::var("HEAPDUMP_TEST_PAUSE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
+    let mut pause = heapdump_testhooks::ScanPause::from_env();
     let interval = region.info().sample_interval;
     // Every live block is kept until it has been validated (`check::validate`), also when
     // the caller does not want them: the totals are summed over valid blocks only.
@@ -167,9 +164,7 @@ pub fn collect_at(
                 frozen: frozen.is_some(),
             },
             |b| {
-                if let Some(d) = pause.take() {
-                    std::thread::sleep(d);
-                }
+                pause.at_first_block();
                 blocks.push(*b);
             },
         );
@@ -489,21 +484,13 @@ mod lease {
                 lease as *const AtomicU64 as *mut AtomicU64,
                 Ordering::SeqCst,
             );
+            use crate::signals::{self, Handler};
             for sig in SIGNALS {
-                // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
-                unsafe {
-                    let mut old: libc::sigaction = std::mem::zeroed();
-                    libc::sigaction(sig, std::ptr::null(), &mut old);
-                    if old.sa_sigaction != libc::SIG_DFL
-                        && old.sa_sigaction != on_signal as *const () as usize
-                    {
-                        continue;
-                    }
-                    let mut sa: libc::sigaction = std::mem::zeroed();
-                    sa.sa_sigaction = on_signal as *const () as usize;
-                    libc::sigemptyset(&mut sa.sa_mask);
-                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                if !signals::is_default_or(sig, Handler::Simple(on_signal)) {
+                    continue;
                 }
+                // SAFETY: the handler only uses atomics and async-signal-safe calls.
+                let _ = unsafe { signals::set(sig, Handler::Simple(on_signal), 0) };
             }
             Guard(())
         }

@@ -66,7 +66,8 @@ pub fn module_of(modules: &[Module], addr: u64) -> Option<usize> {
 }
 
 /// Symbolizes `addrs` (call-site addresses: return address − 1) against `modules`, and
-/// addresses in no module against `jit` (generated code named in perf map or jitdump files).
+/// addresses in no module with `jit` (generated code named in perf map or jitdump files:
+/// `perfmap::JitSymbols::lookup`).
 ///
 /// Modules whose file no longer exists, or whose build ID differs from the recorded one, are left
 /// unsymbolized (their mapping keeps the build ID so pprof can symbolize later).
@@ -77,7 +78,7 @@ pub fn module_of(modules: &[Module], addr: u64) -> Option<usize> {
 /// function holding the address is used instead when it is the same function, fully qualified.
 pub fn symbolize(
     modules: &[Module],
-    jit: &crate::perfmap::JitSymbols,
+    jit: &dyn Fn(u64) -> Option<Frame>,
     addrs: &[u64],
 ) -> HashMap<u64, Resolved> {
     let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
@@ -89,7 +90,7 @@ pub fn symbolize(
             Resolved {
                 module: m,
                 frames: match m {
-                    None => jit.lookup(a).into_iter().collect(),
+                    None => jit(a).into_iter().collect(),
                     Some(_) => Vec::new(),
                 },
             },

@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn skip(test: &str, reason: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "skipped: {test}: {reason}");
+    skip_note(&format!("skipped: {test}: {reason}"));
 }
 
 /// Why the tests cannot run here, if they cannot.

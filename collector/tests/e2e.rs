@@ -316,6 +316,87 @@ fn errors_are_one_line_and_nonzero() {
     );
 }
 
+/// A command line with a newline (or another control character) is one row of `list`, and
+/// one line of the `--by-name` candidates: escaped.
+#[test]
+fn multi_line_command_lines_are_escaped() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("multiline");
+    let mut a = Command::new(&exe);
+    a.arg("two\nlines\x1b[31m");
+    let a = start(a, &dir, true);
+    let mut b = Command::new(&exe);
+    b.arg("two\nlines\x1b[31m");
+    let b = start(b, &dir, true);
+    let (ok, out, err) = heapdump_cmd(&dir, &["list"]);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 3, "a header and one row per process: {out:?}");
+    for r in &rows[1..] {
+        assert!(r.ends_with("known_allocs two\\nlines\\u{1b}[31m"), "{r:?}");
+    }
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-name", "known_allocs", "-o", "/dev/null"],
+    );
+    assert!(!ok);
+    let candidates: Vec<&str> = err.lines().filter(|l| l.starts_with("  pid ")).collect();
+    assert_eq!(candidates.len(), 2, "{err:?}");
+    for c in candidates {
+        assert!(c.ends_with("two\\nlines\\u{1b}[31m"), "{c:?}");
+    }
+    assert!(!err.contains('\x1b'), "{err:?}");
+    assert_eq!(a.finish(), 0);
+    assert_eq!(b.finish(), 0);
+}
+
+/// Issue 22 D11: a kept region (`HEAPDUMP_KEEP=1`) of a process that exited without
+/// allocating anything is left out of `list`'s table, which says so; `--json` has it.
+#[test]
+fn list_leaves_out_kept_regions_that_allocated_nothing() {
+    let exe = compile_c("nothing", &[]);
+    let dir = region_dir("nothing");
+    for _ in 0..2 {
+        let st = Command::new(&exe)
+            .env("HEAPDUMP_DIR", &dir)
+            .env("LD_PRELOAD", shim())
+            .env("HEAPDUMP_KEEP", "1")
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let (ok, out, err) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = v.as_array().unwrap();
+    assert_eq!(v.len(), 2, "{out}");
+    assert!(
+        v.iter()
+            .all(|e| e["allocations"] == 0 && e["status"] == "exited"),
+        "{out}"
+    );
+    let (ok, out, err) = heapdump_cmd(&dir, &["list"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1..],
+        ["(2 regions of exited processes that allocated nothing not shown; `heapdump gc` removes them)"],
+        "{out}"
+    );
+}
+
+/// `watch --help`'s one-line summary names both servers it pushes to.
+#[test]
+fn watch_summary_names_parca() {
+    let (ok, out, _) = heapdump_cmd(std::path::Path::new("/nonexistent"), &["--help"]);
+    assert!(ok);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("watch"))
+        .unwrap();
+    assert!(line.contains("Pyroscope or Parca"), "{line}");
+}
+
 #[test]
 fn ambiguous_name_lists_matches() {
     let exe = compile_c("known_allocs", &[]);

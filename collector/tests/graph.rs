@@ -130,7 +130,7 @@ fn planted_leaks_found_exactly_and_as_leaksanitizer_reports_them() {
         .map(|s| s.success())
         .unwrap_or(false);
     if !built {
-        println!("skipped: the LeakSanitizer comparison (cc -fsanitize=leak is not available)");
+        skip_note("skipped: the LeakSanitizer comparison (cc -fsanitize=leak is not available)");
         return;
     }
     let out = Command::new(&lsan)
@@ -419,7 +419,7 @@ fn retained_sizes_exact_and_as_devtools_computes_them() {
     assert!(ok, "{err}");
     assert_eq!(r.finish(), 0);
     let Some(dt) = devtools_view(&snap) else {
-        println!("skipped: the DevTools cross-check (node is not installed)");
+        skip_note("skipped: the DevTools cross-check (node is not installed)");
         return;
     };
     // 6007 blocks, 1 root, 1 root group, the synthetic root.
@@ -560,6 +560,11 @@ fn a_capture_file_answers_as_the_live_process_does() {
     let pb = dir.with_extension("capture-leaks.pb.gz");
     let (ok, _, err) = heapdump_cmd(&dir, &["leaks", capf, "-o", pb.to_str().unwrap()]);
     assert!(ok, "{err}");
+    // Every output says where it went.
+    assert!(
+        err.contains(&format!("800 leaked bytes -> {}", pb.display())),
+        "{err}"
+    );
     let p = decode(&pb);
     let t = p
         .sample
@@ -568,6 +573,11 @@ fn a_capture_file_answers_as_the_live_process_does() {
     assert_eq!(t, [16, 800]);
     let (ok, _, err) = heapdump_cmd(&dir, &["convert", capf, "-o", pb.to_str().unwrap()]);
     assert!(ok, "{err}");
+    assert!(err.contains("28 live blocks, "), "{err}");
+    assert!(
+        err.trim_end().ends_with(&format!("-> {}", pb.display())),
+        "{err}"
+    );
     let p = decode(&pb);
     assert_eq!(p.sample.iter().map(|s| s.value[2]).sum::<i64>(), 28);
     assert_eq!(sum_through(&p, "make_lost")[2..], [3, 216]);
@@ -611,8 +621,8 @@ fn retainers_and_top_from_a_capture() {
     assert_eq!(r.finish(), 0);
 }
 
-/// `graph --since BASE.hdsnap -o FILE.svg`: only what is new since the baseline capture, and
-/// who holds it.
+/// `graph --baseline BASE.hdsnap -o FILE.svg`: only what is new since the baseline capture, and
+/// who holds it; `--since`, its former name, still works and is no longer shown in `--help`.
 #[test]
 fn ownership_flame_graph_of_what_is_new_since_a_capture() {
     use std::io::Write;
@@ -626,6 +636,39 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
         &["graph", "--by-pid", &pid, "-o", base.to_str().unwrap()],
     );
     assert!(ok, "{err}");
+    // Nothing new yet: a valid SVG that says so, exit 0, and why on stderr.
+    let empty = dir.with_extension("empty.svg");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &pid,
+            "--baseline",
+            base.to_str().unwrap(),
+            "-o",
+            empty.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("nothing to draw: every live block was already in the baseline"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&empty).unwrap();
+    assert!(
+        text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"),
+        "{text}"
+    );
+    assert!(text.contains("Nothing to draw: no stack has a nonzero count of bytes."));
+    let mut xml = quick_xml::Reader::from_str(&text);
+    loop {
+        match xml.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!("not XML: {e}: {text}"),
+        }
+    }
     r.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     r.wait_line("grown");
     let svg = dir.with_extension("new.svg");
@@ -635,7 +678,7 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
             "graph",
             "--by-pid",
             &pid,
-            "--since",
+            "--baseline",
             base.to_str().unwrap(),
             "-o",
             svg.to_str().unwrap(),
@@ -647,6 +690,28 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
         text.contains("<title>all (10,000 bytes, 100%)</title>"),
         "only the new blocks"
     );
+    let old_name = dir.with_extension("new-since.svg");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &pid,
+            "--since",
+            base.to_str().unwrap(),
+            "-o",
+            old_name.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(std::fs::read_to_string(&old_name)
+        .unwrap()
+        .contains("<title>all (10,000 bytes, 100%)</title>"));
+    let (ok, help, _) = heapdump_cmd(&dir, &["graph", "--help"]);
+    assert!(
+        ok && help.contains("--baseline <CAPTURE>") && !help.contains("--since"),
+        "{help}"
+    );
     // All of them from g_new: glibc's malloc state in libc's data points at the header of the
     // chunk after a new block (a free chunk, the top chunk) and must not count.
     assert!(
@@ -655,7 +720,59 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
     );
     assert!(text.contains("<title>new_alloc (10,000 bytes, 100.00%)</title>"));
     assert!(!text.contains("old_alloc"));
-    // Without --since, both.
+    // --drop-frames: old_alloc is skipped like an allocator wrapper, its blocks named by its
+    // caller, in `top` and in the flame graph.
+    let (ok, out, err) = heapdump_cmd(
+        &dir,
+        &[
+            "top",
+            "--retained",
+            "--by-pid",
+            &pid,
+            "--json",
+            "--drop-frames",
+            "old_.*",
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let sites: BTreeMap<String, (u64, u64)> = (v["sites"].as_array().unwrap().iter())
+        .map(|s| {
+            let n = |k: &str| s[k].as_u64().unwrap();
+            (
+                s["site"].as_str().unwrap().to_owned(),
+                (n("retained"), n("blocks")),
+            )
+        })
+        .collect();
+    assert_eq!(sites.get("main"), Some(&(10_000, 100)), "{sites:?}");
+    assert_eq!(sites.get("new_alloc"), Some(&(10_000, 50)), "{sites:?}");
+    assert!(!sites.contains_key("old_alloc"), "{sites:?}");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &pid,
+            "--drop-frames",
+            "old_.*|new_.*",
+            "-o",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<title>main (10,000 bytes"), "{text}");
+    assert!(!text.contains("old_alloc") && !text.contains("new_alloc"));
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["top", "--retained", "--by-pid", &pid, "--drop-frames", "("],
+    );
+    assert!(
+        !ok && err.contains("--drop-frames \"(\" is not a regular expression"),
+        "{err}"
+    );
+    // Without --baseline, both.
     let (ok, _, err) = heapdump_cmd(
         &dir,
         &["graph", "--by-pid", &pid, "-o", svg.to_str().unwrap()],

@@ -125,7 +125,7 @@ fn script(name: &str) -> PathBuf {
 #[test]
 fn node_js_functions_named_from_the_perf_map() {
     let Some(node) = node() else {
-        println!("skipped: node_js_functions_named_from_the_perf_map: node is not installed");
+        skip_note("skipped: node_js_functions_named_from_the_perf_map: node is not installed");
         return;
     };
     for flags in [
@@ -181,7 +181,7 @@ fn node_js_functions_named_from_the_perf_map() {
 #[test]
 fn node_post_mortem_keeps_the_names() {
     let Some(node) = node() else {
-        println!("skipped: node_post_mortem_keeps_the_names: node is not installed");
+        skip_note("skipped: node_post_mortem_keeps_the_names: node is not installed");
         return;
     };
     let dir = region_dir("jit-node-pm");
@@ -251,9 +251,9 @@ fn python_perf_trampolines_walked_and_named() {
         ("3.13", &["-X", "perf"][..], &[][..]),
     ] {
         let Some(py) = python(version) else {
-            println!(
+            skip_note(&format!(
                 "skipped: python_perf_trampolines_walked_and_named: python{version} not found"
-            );
+            ));
             continue;
         };
         let p = python_profile(&py, args, env, false);
@@ -328,9 +328,9 @@ fn assert_once_with_lines(p: &Profile, names: &[&str], what: &str) {
 fn python_post_mortem_names_from_perf_map_and_jitdump() {
     for (version, mode) in [("3.12", "perf"), ("3.13", "perf_jit")] {
         let Some(py) = python(version) else {
-            println!(
+            skip_note(&format!(
                 "skipped: python_post_mortem_names_from_perf_map_and_jitdump: python{version} not found"
-            );
+            ));
             continue;
         };
         let p = python_profile(&py, &["-X", mode], &[], true);

@@ -117,7 +117,7 @@ fn pythons() -> Vec<String> {
                 out.push(p.clone());
             }
             Some(_) => {}
-            None => println!("skipped: {p}: not installed"),
+            None => skip_note(&format!("skipped: {p}: not installed")),
         }
     }
     out

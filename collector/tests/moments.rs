@@ -110,7 +110,7 @@ fn named_snapshots_and_born_since_are_exact() {
                 "pprof -diff_base shows make_entry: {rows:?}\n{text}"
             );
         }
-        _ => println!("skipped: go tool pprof -diff_base (go not installed)"),
+        _ => skip_note("skipped: go tool pprof -diff_base (go not installed)"),
     }
 
     // Now: every entry was freed; born since a profile of now: exactly what comes after.

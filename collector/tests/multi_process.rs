@@ -301,7 +301,9 @@ fn pprof_tagroot_shows_processes(profile: &Path, programs: &BTreeMap<u32, (i64, 
     {
         Ok(o) => o,
         Err(e) => {
-            println!("skipped: go tool pprof -tagroot check (go is not installed: {e})");
+            skip_note(&format!(
+                "skipped: go tool pprof -tagroot check (go is not installed: {e})"
+            ));
             return;
         }
     };

@@ -17,7 +17,9 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
     if deb.exists() {
         out.push(("Debian 3.11".to_owned(), deb));
     } else {
-        println!("skipped: {test} on Debian's 3.11: /usr/bin/python3.11 is missing");
+        skip_note(&format!(
+            "skipped: {test} on Debian's 3.11: /usr/bin/python3.11 is missing"
+        ));
     }
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
@@ -38,10 +40,10 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
             .find(|p| p.exists());
         match found {
             Some(p) => out.push((format!("pyenv {minor}"), p)),
-            None => println!(
+            None => skip_note(&format!(
                 "skipped: {test} on CPython {minor}: no pyenv version {minor}.x under {}",
                 root.display()
-            ),
+            )),
         }
     }
     out
@@ -590,6 +592,6 @@ fn perf_trampolines_keep_the_python_chain() {
         let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     }
     if !ran {
-        println!("skipped: perf_trampolines_keep_the_python_chain: no CPython 3.12 or 3.13");
+        skip_note("skipped: perf_trampolines_keep_the_python_chain: no CPython 3.12 or 3.13");
     }
 }

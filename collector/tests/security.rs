@@ -31,7 +31,9 @@ fn a_region_planted_by_another_user_is_refused_by_every_command() {
         return;
     }
     if !is_root() {
-        println!("skipped: {test}: needs root (to give a region to another user with chown)");
+        skip_note(&format!(
+            "skipped: {test}: needs root (to give a region to another user with chown)"
+        ));
         return;
     }
     let own = region_dir("planted-own");
@@ -365,7 +367,9 @@ fn planted_spool_files_are_never_pushed() {
         mode(&theirs, 0o600);
         std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
     } else {
-        println!("skipped: {test}: (part) a spool file of another user needs root to chown");
+        skip_note(&format!(
+            "skipped: {test}: (part) a spool file of another user needs root to chown"
+        ));
     }
     let (url, rx) = http_server(false);
     let p = r.pid().to_string();

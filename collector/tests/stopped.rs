@@ -30,6 +30,24 @@ fn all_stopped(pid: u32) -> bool {
     })
 }
 
+/// CPU time (ns) every thread of `pid` has run, from `/proc/PID/task/*/schedstat`.
+fn run_time_ns(pid: u32) -> u64 {
+    let mut sum = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+            sum += s
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    sum
+}
+
 fn signal(pid: u32, sig: i32) {
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
@@ -111,7 +129,9 @@ fn snap(dir: &Path, pid: u32, tags: bool, i: usize) -> (i64, Vec<String>, String
 #[test]
 fn stopped_target_is_exact_without_waiting() {
     if let Some(why) = unsupported() {
-        eprintln!("skipped: stopped_target_is_exact_without_waiting: {why}");
+        skip_note(&format!(
+            "skipped: stopped_target_is_exact_without_waiting: {why}"
+        ));
         return;
     }
     let (r, _turn) = churn("stopped");
@@ -188,7 +208,9 @@ fn stopped_target_is_exact_without_waiting() {
 #[test]
 fn resumed_during_the_scan_is_taken_again() {
     if let Some(why) = unsupported() {
-        eprintln!("skipped: resumed_during_the_scan_is_taken_again: {why}");
+        skip_note(&format!(
+            "skipped: resumed_during_the_scan_is_taken_again: {why}"
+        ));
         return;
     }
     let (r, _turn) = churn("resumed");
@@ -203,18 +225,27 @@ fn resumed_during_the_scan_is_taken_again() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let out = r.dir.with_extension("resumed.pb.gz");
-    // The collector pauses 1.5 s at the first block of its scan (test hook); the target is
-    // resumed during that pause.
+    // The collector pauses at the first block of its scan (test hook, file handshake); the
+    // target is resumed during that pause, and the pause ends once it has run.
+    let pause = Handshake::new("HEAPDUMP_TEST_PAUSE_FILE", &r.dir);
+    let (k, v) = pause.env();
     let child = Command::new(heapdump())
         .args(["snapshot", "--by-pid", &pid.to_string(), "-o"])
         .arg(&out)
         .env("HEAPDUMP_DIR", &r.dir)
-        .env("HEAPDUMP_TEST_PAUSE_MS", "1500")
+        .env(k, v)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    pause.reached();
+    let ran_before = run_time_ns(pid);
     signal(pid, libc::SIGCONT);
+    let t = Instant::now();
+    while run_time_ns(pid) == ran_before {
+        assert!(t.elapsed() < Duration::from_secs(10), "pid {pid} never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    pause.release();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let p = decode(&out);
@@ -239,16 +270,18 @@ fn resumed_during_the_scan_is_taken_again() {
 #[test]
 fn stop_flag_reads_the_stopped_target() {
     if let Some(why) = unsupported() {
-        eprintln!("skipped: stop_flag_reads_the_stopped_target: {why}");
+        skip_note(&format!(
+            "skipped: stop_flag_reads_the_stopped_target: {why}"
+        ));
         return;
     }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
     // SAFETY: geteuid has no arguments.
     if unsafe { libc::geteuid() } != 0 && !matches!(scope.trim(), "" | "0") {
-        eprintln!(
+        skip_note(&format!(
             "skipped: stop_flag_reads_the_stopped_target: ptrace not allowed (ptrace_scope {})",
             scope.trim()
-        );
+        ));
         return;
     }
     let (r, _turn) = churn("stopflag");

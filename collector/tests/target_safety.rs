@@ -63,7 +63,7 @@ fn list_json(dir: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn full_tmpfs_never_kills_the_target() {
     let Some(fs) = Tmpfs::mount("fullfs", "64m") else {
-        println!("skipped: full_tmpfs_never_kills_the_target needs root (to mount a tmpfs)");
+        skip_note("skipped: full_tmpfs_never_kills_the_target needs root (to mount a tmpfs)");
         return;
     };
     let exe = compile_c("hold_many", &[]);
@@ -534,9 +534,24 @@ fn kept_region_includes_exit_handlers() {
 /// shim now removes it once the exec succeeded (`heapdump gc` has nothing left to do).
 #[test]
 fn exec_without_the_shim_leaves_no_region() {
+    exec_leaves_no_region(false);
+}
+
+/// Issue 22 D11: with `HEAPDUMP_KEEP=1` too, a process that `exec`s away leaves no region
+/// (only one that exits keeps its own): a wrapper script's helpers used to leave one each.
+#[test]
+fn with_keep_a_process_that_execs_away_leaves_no_region() {
+    exec_leaves_no_region(true);
+}
+
+fn exec_leaves_no_region(keep: bool) {
     let exe = compile_c("exec_bare", &[]);
     let dir = region_dir("exec-bare");
-    let mut r = start(Command::new(&exe), &dir, true);
+    let mut cmd = Command::new(&exe);
+    if keep {
+        cmd.env("HEAPDUMP_KEEP", "1");
+    }
+    let mut r = start(cmd, &dir, true);
     // Wait until the exec happened (the process's executable is sleep).
     let pid = r.pid();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -637,9 +652,7 @@ fn children_that_exec_a_static_binary_leave_no_region() {
         .unwrap_or(false);
     let _ = std::fs::remove_file(&src);
     if !built {
-        println!(
-            "skipped: children_that_exec_a_static_binary_leave_no_region: cc -static failed (libc.a, from libc6-dev, is missing)"
-        );
+        skip_note("skipped: children_that_exec_a_static_binary_leave_no_region: cc -static failed (libc.a, from libc6-dev, is missing)");
         return;
     }
     let exe = compile_c("exec_static", &[]);

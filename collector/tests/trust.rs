@@ -693,8 +693,7 @@ print(len(s), len(words), sorted(out)[-1], r.stdout.strip())
 /// Prints "skipped: TEST: REASON" where `cargo test` shows it (straight to the process's
 /// standard error: `eprintln!` output is captured for passing tests).
 fn skip(test: &str, reason: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "skipped: {test}: {reason}");
+    skip_note(&format!("skipped: {test}: {reason}"));
 }
 
 /// A memory cgroup limited to `limit` bytes (swap included where the kernel allows), removed
@@ -1395,7 +1394,7 @@ fn shm_dir(name: &str) -> Option<std::path::PathBuf> {
 fn crafted_and_truncated_regions_are_bounded() {
     let limit = std::time::Duration::from_secs(60);
     let Some(dir) = shm_dir("crafted") else {
-        eprintln!("skipped: cannot create a directory in /dev/shm (the test needs tmpfs)");
+        skip_note("skipped: cannot create a directory in /dev/shm (the test needs tmpfs)");
         return;
     };
     /// Removes the test's files from RAM-backed /dev/shm, also when the test fails.
@@ -1482,21 +1481,24 @@ fn crafted_and_truncated_regions_are_bounded() {
     assert_eq!(r.finish(), 0);
     let region = region_file(&dir);
     let (nodes_at, _) = section_of(&region, 1);
+    let pause = Handshake::new("HEAPDUMP_TEST_PAUSE_FILE", &dir);
+    let (k, v) = pause.env();
     let c = Command::new(heapdump())
         .args(["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()])
         .env("HEAPDUMP_DIR", &dir)
-        .env("HEAPDUMP_TEST_PAUSE_MS", "1000")
+        .env(k, v)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    pause.reached();
     std::fs::OpenOptions::new()
         .write(true)
         .open(&region)
         .unwrap()
         .set_len(nodes_at + 4096)
         .unwrap();
+    pause.release();
     let o = c.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     use std::os::unix::process::ExitStatusExt;

@@ -19,8 +19,11 @@
 //! inode stays mapped throughout: nothing the other threads write is lost.
 //!
 //! Nothing is done in a `vfork` child (another pid than the region's: its memory is the
-//! parent's), with `HEAPDUMP_KEEP=1` (the region is kept, as at exit), or before recording
-//! started. If the helper cannot be made (no `clone` under a sandbox), the region is renamed
+//! parent's) or before recording started. `HEAPDUMP_KEEP=1` keeps the region of a process
+//! that exits, not of one that `exec`s away: behind a wrapper script (pyenv's shims, a
+//! launcher) every helper that `exec`s would otherwise leave a region, and push the regions
+//! that matter out of the dead-region bound; the program exec'd, if it runs with the shim,
+//! records into a region of its own, kept at its exit. If the helper cannot be made (no `clone` under a sandbox), the region is renamed
 //! back at once and left to the dead-region bound, as before.
 
 use crate::state::global;
@@ -49,7 +52,7 @@ pub fn before_exec() -> ExecGuard {
     };
     let Some(g) = global() else { return guard };
     // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } as u32 != g.pid || g.settings.keep {
+    if unsafe { libc::getpid() } as u32 != g.pid {
         return guard;
     }
     let Some(len) = g.path.iter().position(|b| *b == 0) else {

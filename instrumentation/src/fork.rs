@@ -128,8 +128,8 @@ pub(crate) fn fork_unlock(g: &Global) {
 }
 
 pub(crate) extern "C" fn fork_parent() {
-    // SAFETY: GLOBAL was written before FORK_LOCKED could be set (READY was observed).
     if FORK_LOCKED.load(Ordering::Relaxed) {
+        // SAFETY: GLOBAL was written before FORK_LOCKED could be set (READY was observed).
         fork_unlock(unsafe { (*GLOBAL.0.get()).assume_init_ref() });
     }
 }

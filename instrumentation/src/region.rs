@@ -322,16 +322,19 @@ pub fn create(settings: &Settings) -> Option<Created> {
     let size = plan(&caps).1;
 
     let mut path = [0u8; 640];
-    let mut num = [0u8; 20];
     let mut c = Cursor::new(&mut path);
     c.push(&dir[..dir_len]);
     c.push(b"/");
-    c.push(crate::sys::fmt_u64(pid as u64, &mut num));
-    c.push(b"-");
-    c.push(crate::sys::fmt_u64(ticks, &mut num));
-    c.push(b"-");
-    c.push(crate::sys::fmt_u64(precise_ns(), &mut num));
-    c.push(b".heapdump");
+    let mut name = [0u8; vmo_layout::name::MAX_LEN];
+    let name_len = vmo_layout::name::format(
+        &vmo_layout::name::RegionName {
+            pid,
+            start_ticks: ticks,
+            created_ns: precise_ns(),
+        },
+        &mut name,
+    );
+    c.push(&name[..name_len]);
 
     // SAFETY: `path` is NUL-terminated; flags create a new file, refusing symlinks.
     let fd = unsafe {
@@ -501,17 +504,10 @@ fn bound_dead_regions(dir: &[u8; 512], max: u64) {
 
 /// `PID-TICKS-NS.heapdump` → (pid, start ticks, creation ns); also a region renamed aside
 /// for an `exec` (`PID-TICKS-NS.heapdump.exec`, see `exec.rs`), which a process killed during
-/// its exec leaves behind.
+/// its exec leaves behind. The rule is `vmo_layout::name`'s, shared with the collector.
 fn parse_region_name(name: &[u8]) -> Option<(u64, u64, u64)> {
-    let name = name.strip_suffix(b".exec").unwrap_or(name);
-    let stem = name.strip_suffix(b".heapdump")?;
-    let mut it = stem.split(|b| *b == b'-');
-    let r = (
-        parse_size(it.next()?)?,
-        parse_size(it.next()?)?,
-        parse_size(it.next()?)?,
-    );
-    it.next().is_none().then_some(r)
+    let n = vmo_layout::name::parse_with_aside(name)?;
+    Some((u64::from(n.pid), n.start_ticks, n.created_ns))
 }
 
 /// Whether process `pid` exists and started at `ticks`.

@@ -7,6 +7,8 @@
 //! - [`reader`]: validates a region as hostile input and takes point-in-time snapshots;
 //! - [`check`]: which blocks of a snapshot can be true (in the address space, not
 //!   overlapping): every consumer of a snapshot's blocks goes through [`check::validate`];
+//! - [`name`]: the region file's name (`PID-STARTTICKS-CREATEDNS.heapdump`), written by the
+//!   shim, parsed by both;
 //! - [`clock`]: the region's clock (`CLOCK_MONOTONIC_COARSE`, ns) both sides order their operations by.
 //!
 //! The region format, the insert/erase/snapshot protocol and the argument for its consistency
@@ -14,6 +16,7 @@
 
 pub mod check;
 pub mod clock;
+pub mod name;
 pub mod reader;
 pub mod v1;
 pub mod writer;

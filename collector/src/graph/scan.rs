@@ -131,19 +131,7 @@ impl Memory {
     }
 
     fn vm_read(&self, addr: u64, buf: &mut [u8]) -> usize {
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: `local` describes `buf`, which is writable for its length; the kernel checks
-        // the remote range in the target.
-        let n =
-            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-        n.max(0) as usize
+        vm_readv(self.pid, &mut [&mut buf[..]], &[addr])
     }
 
     /// Reads 16 bytes at each of `addrs` into `out` (as two native words), with one system
@@ -159,34 +147,15 @@ impl Memory {
                 from + 1
             };
             let n = if self.mem.is_none() {
-                let local: Vec<libc::iovec> = out[from..to]
+                let mut local: Vec<&mut [u8]> = out[from..to]
                     .iter_mut()
-                    .map(|o| libc::iovec {
-                        iov_base: o.as_mut_ptr() as *mut libc::c_void,
-                        iov_len: 16,
-                    })
+                    // SAFETY: `[u64; 2]` is 16 plain bytes, any byte pattern valid, borrowed
+                    // mutably for as long as the byte slice.
+                    .map(|o| unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), 16) })
                     .collect();
-                let remote: Vec<libc::iovec> = addrs[from..to]
-                    .iter()
-                    .map(|&a| libc::iovec {
-                        iov_base: a as *mut libc::c_void,
-                        iov_len: 16,
-                    })
-                    .collect();
-                // SAFETY: every local iovec describes one 16-byte element of `out`, writable
-                // and alive for the call; the kernel checks the remote ranges in the target.
-                let got = unsafe {
-                    libc::process_vm_readv(
-                        self.pid as libc::pid_t,
-                        local.as_ptr(),
-                        local.len() as libc::c_ulong,
-                        remote.as_ptr(),
-                        remote.len() as libc::c_ulong,
-                        0,
-                    )
-                };
+                let got = vm_readv(self.pid, &mut local, &addrs[from..to]);
                 // Whole elements read before the first that failed.
-                (got.max(0) as usize / 16).min(to - from)
+                (got / 16).min(to - from)
             } else {
                 let mut b = [0u8; 16];
                 let n = usize::from(self.read(addrs[from], &mut b) == 16);
@@ -249,6 +218,44 @@ impl ScanStats {
         self.bytes_read += o.bytes_read;
         self.vanished += o.vanished;
     }
+}
+
+/// `process_vm_readv` of process `pid`: `local[i]` filled from the target's address
+/// `remote[i]` (as many bytes as `local[i]` holds), in order; the one wrapper of the
+/// collector. Returns the bytes read: the kernel stops at the first range it cannot read, so
+/// a prefix of the ranges is filled; 0 on any error (no such process, not allowed).
+pub fn vm_readv(pid: u32, local: &mut [&mut [u8]], remote: &[u64]) -> usize {
+    assert_eq!(
+        local.len(),
+        remote.len(),
+        "one local buffer per remote address"
+    );
+    let lv: Vec<libc::iovec> = local
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let rv: Vec<libc::iovec> = (remote.iter().zip(local.iter()))
+        .map(|(&a, b)| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: every local iovec describes one of `local`'s buffers, writable and borrowed for
+    // the call; the kernel checks the remote ranges in the target.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            lv.as_ptr(),
+            lv.len() as libc::c_ulong,
+            rv.as_ptr(),
+            rv.len() as libc::c_ulong,
+            0,
+        )
+    };
+    n.max(0) as usize
 }
 
 /// Longest `process_vm_readv` of block contents.
@@ -1280,6 +1287,7 @@ mod tests {
         // SAFETY: plain malloc/free of glibc (the test binary's allocator is glibc's too);
         // the blocks are freed at the end and never dereferenced here.
         let big = unsafe { libc::malloc(BIG) } as u64;
+        // SAFETY: as above, on another thread (another arena).
         let small = std::thread::spawn(|| unsafe { libc::malloc(100) } as u64)
             .join()
             .unwrap();

@@ -68,16 +68,38 @@ pub fn region_dir(name: &str) -> PathBuf {
 
 /// Compiles `examples/c/NAME.c` (frame pointers, debug info) and returns the executable.
 ///
-/// Tests run in parallel: each build goes to a unique file that is renamed into place, and a
-/// process-wide lock keeps one compiler at a time.
+/// Compiled once per run: a build is reused while it is newer than its source (and the
+/// examples' headers) and this test binary; each set of `extra` flags has its own directory
+/// (`test-bins/FLAGS-HASH/NAME`: the file keeps its name, which tests look for). Tests run in
+/// parallel: each build goes to a unique file that is renamed into place, and a process-wide
+/// lock keeps one compiler at a time.
 pub fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = target_dir().join("test-bins");
+    let flags = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        extra.hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
+    let out_dir = target_dir().join("test-bins").join(flags);
     std::fs::create_dir_all(&out_dir).unwrap();
     let exe = out_dir.join(name);
     let tmp = out_dir.join(format!(".{name}.{}", std::process::id()));
     let src = root().join("examples/c").join(format!("{name}.c"));
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let inputs = std::fs::read_dir(root().join("examples/c"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "h"))
+        .chain([src.clone(), std::env::current_exe().unwrap()]);
+    let newest = inputs.filter_map(|p| mtime(&p)).max();
+    if let (Some(built), Some(newest)) = (mtime(&exe), newest) {
+        if built > newest {
+            return exe;
+        }
+    }
     let st = Command::new("cc")
         .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
         .arg(&tmp)
@@ -578,7 +600,7 @@ pub fn can_run(test: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        println!("skipped: {test}: no C compiler (cc)");
+        skip_note(&format!("skipped: {test}: no C compiler (cc)"));
     }
     ok
 }
@@ -598,4 +620,53 @@ pub fn hold_sized(dir: &Path, n: i64, size: i64) -> Running {
     let mut cmd = Command::new(exe);
     cmd.arg(n.to_string()).arg(size.to_string());
     start(cmd, dir, true)
+}
+
+/// The file handshake of the collector's test hooks (`heapdump-testhooks`): `var` (e.g.
+/// `HEAPDUMP_TEST_PAUSE_FILE`) names a file the collector creates when it reaches the hook,
+/// then waits until the test removes it. Set [`Handshake::env`] on the command, call
+/// [`Handshake::reached`] to wait for the collector (at most 60 s), act, then
+/// [`Handshake::release`].
+pub struct Handshake {
+    var: &'static str,
+    pub file: PathBuf,
+}
+
+impl Handshake {
+    pub fn new(var: &'static str, dir: &Path) -> Handshake {
+        let file = dir.with_extension(format!("{}.handshake", var.to_lowercase()));
+        let _ = std::fs::remove_file(&file);
+        Handshake { var, file }
+    }
+    /// The environment variable to set on the collector.
+    pub fn env(&self) -> (&'static str, &Path) {
+        (self.var, &self.file)
+    }
+    /// Waits until the collector is at the hook; panics past 60 s.
+    pub fn reached(&self) {
+        let t = std::time::Instant::now();
+        while !self.file.exists() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(60),
+                "the collector never reached its {} hook",
+                self.var
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    /// Lets the collector go on.
+    pub fn release(&self) {
+        std::fs::remove_file(&self.file).unwrap();
+    }
+}
+
+/// Says a test is skipped: prints `LINE` ("skipped: TEST: REASON") straight to the process's
+/// stderr, where `cargo test` shows it. With `CI=true` (a machine with everything installed) a
+/// test that would skip fails instead.
+pub fn skip_note(line: &str) {
+    use std::io::Write;
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{line} (CI=true: every test must run here)");
+    }
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }

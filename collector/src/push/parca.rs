@@ -2,7 +2,7 @@
 //!
 //! One profile is one gRPC unary call, `parca.profilestore.v1alpha1.ProfileStoreService/
 //! WriteRaw` (`proto/parca.proto`): one series whose labels are those of
-//! [`crate::push::Client::labels`] (`__name__=memory`, `service_name`, `hostname`, `pid`, the
+//! [`super::client::Client::labels`] (`__name__=memory`, `service_name`, `hostname`, `pid`, the
 //! user's `--label`s), holding the gzip-compressed pprof profile, `normalized=false`. The
 //! profile's `time_nanos` is its instant and `duration_nanos` 0, so Parca files it as a gauge
 //! (`memory:inuse_space:bytes:space:bytes`), and its ids are sequential from 1 with string 0
@@ -15,7 +15,7 @@
 //! current-thread runtime and blocks on each call, so the rest of the collector stays
 //! synchronous and no thread is started.
 
-use crate::push::Failure;
+use super::Failure;
 use anyhow::Context;
 use heapdump_proto as pp;
 use heapdump_proto::parca as pb;

@@ -7,14 +7,14 @@
 //! A file is one [`Record`] (protobuf, version [`VERSION`]): the labels, the gzip-compressed
 //! pprof profile, the push's id and a description for messages; it is not tied to a push
 //! format, so a watch restarted with another `--push`/`--push-format` sends it there. Files are
-//! written as `-o` files are ([`crate::pprof::write_bytes`]: a temporary file created
+//! written as `-o` files are ([`crate::output::write_bytes`]: a temporary file created
 //! exclusively, mode 0600, renamed into place), read without following a symlink, and removed
 //! once the server acknowledged them. The total size is bounded by `--spool-max-bytes`
-//! (the caller, [`crate::push::Queue`], drops the oldest). One watch at a time uses a spool:
+//! (the caller, [`super::queue::Queue`], drops the oldest). One watch at a time uses a spool:
 //! `DIR/.spool/lock` is held with `flock` while it runs.
 
+use super::Item;
 use crate::outdir::Dir;
-use crate::push::Item;
 use anyhow::{bail, Context, Result};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

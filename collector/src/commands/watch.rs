@@ -6,12 +6,13 @@
 //! after the other, each as `snapshot --by-pid` takes it: [`crate::multi::one`],
 //! [`crate::pprof::build`]) never overlaps the next: when it ends past the next beat, the
 //! beats it overlapped are skipped with one warning line. Files are written through a
-//! temporary file in DIR renamed into place ([`crate::pprof::write_bytes`]), so SIGINT or
+//! temporary file in DIR renamed into place ([`crate::output::write_bytes`]), so SIGINT or
 //! SIGTERM, which end the watch after the current file, never leave a partial one.
 
 use crate::cli::{WatchProps, WatchTarget};
+use crate::regions::Entry;
 use crate::regions::{self, Liveness};
-use crate::{multi, pprof, push, Entry};
+use crate::{multi, pprof, push};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,15 +34,15 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// ends the process at once (SA_RESETHAND).
 fn install_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic, which is
-        // async-signal-safe.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
+        use crate::signals::{self, Handler};
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        let _ = unsafe {
+            signals::set(
+                sig,
+                Handler::Simple(on_signal),
+                libc::SA_RESTART | libc::SA_RESETHAND,
+            )
+        };
     }
 }
 
@@ -56,7 +57,7 @@ struct Followed {
     /// Its image's start time (clock ticks since boot): tells a reused pid apart.
     start_ticks: u64,
     /// The `alloc_*` values of its last pushed profile (`None`: not pushed yet).
-    pushed: Option<push::AllocState>,
+    pushed: Option<push::delta::AllocState>,
 }
 
 /// What the watch did, for the report at exit.
@@ -85,7 +86,7 @@ pub fn watch(w: &WatchProps) -> Result<()> {
     };
     match &w.target {
         WatchTarget::Pid(pid) => {
-            let entries = crate::scan()?;
+            let entries = regions::scan()?;
             let alive: Vec<&Entry> = (entries.iter())
                 .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
                 .collect();
@@ -94,7 +95,7 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             }
             let alive = !alive.is_empty();
             if !alive {
-                crate::pick(&crate::cli::Target::Pid(*pid))?;
+                regions::pick(&crate::cli::Target::Pid(*pid))?;
                 bail!(
                     "pid {pid} has exited: nothing to watch (`heapdump snapshot --by-pid {pid}` \
                      reads what its region kept)"
@@ -106,12 +107,12 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         }
     }
     let client = (w.push.as_ref())
-        .map(push::Client::new)
+        .map(push::client::Client::new)
         .transpose()?
         .map(std::sync::Arc::new);
     let queue = match (&out, &client) {
         (Some(dir), Some(_)) if w.spool_max_bytes > 0 => {
-            match crate::spool::Spool::open(dir, w.spool_max_bytes) {
+            match push::spool::Spool::open(dir, w.spool_max_bytes) {
                 Ok((spool, left)) => {
                     if !left.is_empty() {
                         eprintln!(
@@ -121,20 +122,20 @@ pub fn watch(w: &WatchProps) -> Result<()> {
                             spool.dir().display()
                         );
                     }
-                    push::Queue::with_spool(spool, left)
+                    push::queue::Queue::with_spool(spool, left)
                 }
                 Err(e) => {
                     eprintln!("heapdump: warning: {e:#}; unsent profiles wait in memory only");
-                    push::Queue::default()
+                    push::queue::Queue::default()
                 }
             }
         }
-        _ => push::Queue::default(),
+        _ => push::queue::Queue::default(),
     };
     install_signals();
     // Pushing runs beside the snapshots: a slow server never delays a beat.
     let pusher = match &client {
-        Some(c) => Some(push::Pusher::start(c.clone(), queue, stopped)?),
+        Some(c) => Some(push::queue::Pusher::start(c.clone(), queue, stopped)?),
         None => None,
     };
     let mut followed: BTreeMap<u32, Followed> = BTreeMap::new();
@@ -210,8 +211,8 @@ struct Sink<'a> {
     /// `-o DIR`, opened.
     dir: Option<&'a crate::outdir::Dir>,
     /// `--push`: the client (for the items' labels) and the thread that sends them.
-    client: Option<&'a push::Client>,
-    pusher: Option<&'a push::Pusher>,
+    client: Option<&'a push::client::Client>,
+    pusher: Option<&'a push::queue::Pusher>,
 }
 
 /// One beat: a snapshot of each followed process. Returns whether the watch should end (the
@@ -224,7 +225,7 @@ fn round(
     sink: &Sink<'_>,
 ) -> Result<bool> {
     let entries: Vec<Entry> = match &w.target {
-        WatchTarget::Pid(pid) => crate::scan()
+        WatchTarget::Pid(pid) => regions::scan()
             .unwrap_or_default()
             .into_iter()
             .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
@@ -330,7 +331,7 @@ fn round(
             // reused pid is a new entry of `followed`).
             let f = followed.get_mut(&e.file.pid);
             let (pushed, state) =
-                push::for_push(&profile, f.as_ref().and_then(|f| f.pushed.as_ref()));
+                push::delta::for_push(&profile, f.as_ref().and_then(|f| f.pushed.as_ref()));
             if let Some(f) = f {
                 f.pushed = Some(state);
             }
@@ -429,7 +430,7 @@ fn prune(dir: &crate::outdir::Dir, name: &str, pid: u32, keep: u64) {
 
 /// Prints what the watch did and what it cost: user and system CPU time and peak RSS
 /// (`getrusage(RUSAGE_SELF)`).
-fn report(t: &Tally, queue: Option<&push::Queue>) {
+fn report(t: &Tally, queue: Option<&push::queue::Queue>) {
     // SAFETY: a zeroed rusage is valid; getrusage fills it.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();

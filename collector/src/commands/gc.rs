@@ -1,0 +1,61 @@
+//! `heapdump gc`: removes the regions of exited processes.
+
+use crate::cli;
+use crate::regions::{self, Liveness};
+use anyhow::{Context, Result};
+
+/// What `gc` does.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Only print what would be removed.
+    pub dry_run: bool,
+}
+
+impl From<cli::GcArgs> for Options {
+    fn from(a: cli::GcArgs) -> Self {
+        Options { dry_run: a.dry_run }
+    }
+}
+
+/// Removes (or, dry, lists) every region whose process is gone, except one still being laid out.
+pub fn run(a: Options) -> Result<()> {
+    let mut removed = 0;
+    for e in regions::scan()? {
+        if e.liveness == Liveness::Alive {
+            continue;
+        }
+        // A region whose writer is still laying it out is briefly unreadable: leave young ones.
+        let young = std::fs::metadata(&e.file.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() < 60);
+        if e.info.is_none()
+            && young
+            && regions::proc_start_ticks(e.file.pid) == Some(e.file.start_ticks)
+        {
+            continue;
+        }
+        let what = match &e.info {
+            Some(i) => format!("pid {} ({})", e.file.pid, regions::show_cmdline(&i.cmdline)),
+            None => format!(
+                "pid {} (unreadable: {})",
+                e.file.pid,
+                e.error.as_deref().unwrap_or("")
+            ),
+        };
+        if a.dry_run {
+            println!("would remove {}: {what}", e.file.path.display());
+        } else {
+            std::fs::remove_file(&e.file.path)
+                .with_context(|| format!("cannot remove {}", e.file.path.display()))?;
+            println!("removed {}: {what}", e.file.path.display());
+        }
+        removed += 1;
+    }
+    eprintln!(
+        "heapdump: {removed} region(s) of exited processes {}",
+        if a.dry_run { "to remove" } else { "removed" }
+    );
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! `heapdump leaks`: the blocks no chain of pointers from a root reaches.
+
+use super::stages;
+use crate::analysis::{analysis, Source};
+use crate::regions::Liveness;
+use crate::{cli, graph, pprof, snapshot};
+use anyhow::Result;
+use std::path::PathBuf;
+
+/// What `leaks` reads and writes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The process, or a capture.
+    pub source: Source,
+    /// `--drop-frames`: more frames to skip, as allocator wrappers, at the top of a stack.
+    pub drop_frames: Option<String>,
+    /// One JSON object per leak group instead of a report.
+    pub json: bool,
+    /// Also the leaked blocks as a pprof profile here.
+    pub output: Option<PathBuf>,
+}
+
+impl From<cli::LeaksArgs> for Options {
+    fn from(mut a: cli::LeaksArgs) -> Self {
+        Options {
+            drop_frames: a.target.drop_frames.take(),
+            source: a.target.into(),
+            json: a.json,
+            output: a.output,
+        }
+    }
+}
+
+/// `heapdump leaks`: snapshot, scan the contents, report the unreachable blocks.
+pub fn run(a: Options) -> Result<()> {
+    use graph::leaks::Status;
+    // --drop-frames: the frames matching it are left off the top of each stack shown.
+    super::check_regex(a.drop_frames.as_deref())?;
+    let drop = (a.drop_frames.as_deref())
+        .map(|d| regex::Regex::new(&format!("^(?:{d})$")))
+        .transpose()?;
+    let stage = stages();
+    let mut an = analysis(&a.source, &stage)?;
+    stage("finding what is reachable");
+    let mut status = graph::leaks::classify(&an.g);
+    // Read without --stop: the candidates are checked again before they are reported.
+    let rechecked = match (&an.recheck, &an.c) {
+        (Some(rc), Some(c)) => {
+            stage("re-checking the leak candidates");
+            let mut snap = || -> Result<Vec<graph::recheck::Born>> {
+                let s = snapshot::collect(&rc.opened, Liveness::Alive, true, rc.lock_timeout)?;
+                Ok(s.blocks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|b| graph::recheck::Born {
+                        block: graph::Block {
+                            address: b.address,
+                            size: b.size,
+                            stack: b.stack,
+                            thread: b.thread,
+                        },
+                        t_alloc: b.t_alloc,
+                    })
+                    .collect())
+            };
+            // A target that exits meanwhile cannot be read again: the first read's findings
+            // are reported, with a warning (`recheck` changes `status` only when it succeeds).
+            let mut checked = status.clone();
+            match graph::recheck::recheck(
+                c.info.pid,
+                &an.g,
+                &mut checked,
+                &rc.births,
+                &mut snap,
+                &c.modules,
+                &rc.path,
+            ) {
+                Ok(r) => {
+                    status = checked;
+                    Some(r)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "heapdump: warning: the leak candidates could not be checked again \
+                         ({e:#}); reported as the first read found them (a busy program may \
+                         show false leaks: run again, or use --stop)"
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let leaked: Vec<u32> =
+        an.g.blocks
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s != Status::Reachable)
+            .map(|(b, _)| b.stack)
+            .collect();
+    stage("symbolizing");
+    an.name_stacks(leaked.into_iter());
+    let g = &an.g;
+
+    // Leak groups: (status, stack) -> (blocks, bytes), largest first.
+    let mut groups: std::collections::HashMap<(Status, u32), (u64, u64)> = Default::default();
+    let mut inuse: std::collections::HashMap<(u32, u32, u64), (f64, f64)> = Default::default();
+    for (b, s) in g.blocks.iter().zip(&status) {
+        if *s == Status::Reachable {
+            continue;
+        }
+        let e = groups.entry((*s, b.stack)).or_default();
+        e.0 += 1;
+        e.1 += b.size;
+        let e = inuse.entry((b.stack, b.thread, b.size)).or_default();
+        e.0 += 1.0;
+        e.1 += b.size as f64;
+    }
+    let mut groups: Vec<((Status, u32), (u64, u64))> = groups.into_iter().collect();
+    groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
+    let shown: std::collections::HashMap<u32, Vec<String>> = (an.stacks.iter())
+        .map(|(s, f)| {
+            let keep = match &drop {
+                Some(re) => f
+                    .iter()
+                    .position(|n| !re.is_match(n))
+                    .unwrap_or(f.len().saturating_sub(1)),
+                None => 0,
+            };
+            (*s, f[keep.min(f.len())..].to_vec())
+        })
+        .collect();
+    let names = &shown;
+    let (direct, indirect) =
+        groups
+            .iter()
+            .fold((0u64, 0u64), |acc, ((s, _), (_, bytes))| match s {
+                Status::Direct => (acc.0 + bytes, acc.1),
+                _ => (acc.0, acc.1 + bytes),
+            });
+    if a.json {
+        let v: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|((s, stack), (blocks, bytes))| {
+                serde_json::json!({
+                    "kind": s.as_str(),
+                    "blocks": blocks,
+                    "bytes": bytes,
+                    "frames": names.get(stack).cloned().unwrap_or_default(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for ((s, stack), (blocks, bytes)) in &groups {
+            let kind = if *s == Status::Direct {
+                "Direct"
+            } else {
+                "Indirect"
+            };
+            println!("{kind} leak of {bytes} byte(s) in {blocks} object(s) allocated from:");
+            match names.get(stack) {
+                Some(f) if !f.is_empty() => {
+                    for (i, n) in f.iter().enumerate() {
+                        println!("    #{i} {n}");
+                    }
+                }
+                _ => println!("    (no stack trace recorded)"),
+            }
+            println!();
+        }
+        let count = |k: Status| {
+            groups
+                .iter()
+                .filter(|g| g.0 .0 == k)
+                .map(|g| g.1 .0)
+                .sum::<u64>()
+        };
+        let scan = match &an.stats {
+            Some(st) => {
+                format!(
+                    "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+                    st.bytes_read,
+                    st.root_bytes,
+                    g.roots.len(),
+                    st.seconds,
+                    if st.vanished > 0 {
+                        format!("; {} blocks freed meanwhile could not be read", st.vanished)
+                    } else {
+                        String::new()
+                    },
+                ) + &match &rechecked {
+                    Some(r) if r.candidates > 0 => format!(
+                        "; re-checked {} candidates in {:.2} s: {} referenced, {} freed since",
+                        r.candidates, r.seconds, r.referenced, r.freed
+                    ),
+                    _ => String::new(),
+                }
+            }
+            None => format!("; from a capture of {}", an.describe()),
+        };
+        println!(
+            "SUMMARY: heapdump: {} byte(s) leaked in {} allocation(s) ({} direct bytes, {} indirect) \
+             of {} live blocks{scan}",
+            direct + indirect,
+            count(Status::Direct) + count(Status::Indirect),
+            direct,
+            indirect,
+            g.blocks.len(),
+        );
+    }
+    if let Some(out) = &a.output {
+        let what = an.describe();
+        let leaked_bytes = direct + indirect;
+        let profile = match an.c {
+            Some(mut c) => {
+                c.inuse = inuse;
+                c.alloc_totals.clear();
+                pprof::build(
+                    &c,
+                    pprof::Options {
+                        with_tags: false,
+                        symbolize: true,
+                    },
+                )
+                .0
+            }
+            None => {
+                let mut by_stack: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+                for ((stack, _, _), (blocks, bytes)) in &inuse {
+                    let e = by_stack.entry(*stack).or_default();
+                    e.0 += *blocks as u64;
+                    e.1 += *bytes as u64;
+                }
+                pprof::from_names(
+                    &an.stacks,
+                    by_stack.into_iter().map(|(s, (b, n))| (s, b, n)),
+                    &[format!(
+                        "leaked blocks of {what}, from a heapdump graph capture"
+                    )],
+                )
+            }
+        };
+        pprof::write(&profile, None, out)?;
+        eprintln!(
+            "heapdump: {what}: {leaked_bytes} leaked bytes -> {}",
+            out.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! `heapdump run`: starts a command with the shim preloaded and forwards signals to it.
+
+use crate::cli;
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// What `run` starts.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `HEAPDUMP_KEEP=1`: keep the region after a clean exit.
+    pub keep: bool,
+    /// The shim to preload (`None`: next to this executable, or `$HEAPDUMP_LIB`).
+    pub lib: Option<PathBuf>,
+    /// The command and its arguments (at least one element: clap requires it).
+    pub command: Vec<OsString>,
+}
+
+impl From<cli::RunArgs> for Options {
+    fn from(a: cli::RunArgs) -> Self {
+        Options {
+            keep: a.keep,
+            lib: a.lib,
+            command: a.command,
+        }
+    }
+}
+
+fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("HEAPDUMP_LIB").map(PathBuf::from)) {
+        if !p.exists() {
+            bail!("shim {} does not exist", p.display());
+        }
+        return Ok(std::fs::canonicalize(&p)?);
+    }
+    let exe = std::env::current_exe().context("cannot find the heapdump executable")?;
+    let dir = exe
+        .parent()
+        .context("heapdump executable has no directory")?;
+    for cand in [
+        dir.join("libheapdump.so"),
+        dir.join("../lib/libheapdump.so"),
+        dir.join("../libheapdump.so"),
+    ] {
+        if cand.exists() {
+            return Ok(std::fs::canonicalize(cand)?);
+        }
+    }
+    bail!(
+        "cannot find libheapdump.so next to {} (build it with `cargo build --release`, or pass --lib)",
+        exe.display()
+    )
+}
+
+pub fn run(a: Options) -> Result<()> {
+    let lib = shim_path(a.lib)?;
+    let mut preload = lib.as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
+    if a.keep {
+        cmd.env("HEAPDUMP_KEEP", "1");
+    }
+    // Handlers first (a signal that arrives before the child exists is forwarded once it
+    // does); caught dispositions are reset to the default in the child by `execve`.
+    forward::install();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, what) = forward::exec_failure(&a.command[0], &e);
+            eprintln!("heapdump: {}: {what}", a.command[0].to_string_lossy());
+            std::process::exit(code);
+        }
+    };
+    forward::set_child(child.id());
+    // `wait` retries when interrupted by a forwarded signal.
+    let status = child.wait()?;
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// `heapdump run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
+/// sent to `heapdump` are sent on to the command, and `heapdump` stays to report its status.
+mod forward {
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+    /// The signals forwarded to the child.
+    pub const SIGNALS: [libc::c_int; 6] = [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ];
+    /// The child's pid, 0 before it exists.
+    static CHILD: AtomicI32 = AtomicI32::new(0);
+    /// Signals received before the child existed (bit = signal number).
+    static PENDING: AtomicU64 = AtomicU64::new(0);
+
+    extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // A signal the terminal generated (Ctrl-C, Ctrl-\) went to the whole foreground
+        // process group, the child included: sending it again would deliver it twice.
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+        if !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL {
+            return;
+        }
+        let pid = CHILD.load(Ordering::SeqCst);
+        if pid > 0 {
+            // SAFETY: kill is async-signal-safe; pid is our own child (not yet reaped: we
+            // reap it only after the last signal could matter).
+            unsafe { libc::kill(pid, sig) };
+        } else {
+            PENDING.fetch_or(1 << sig, Ordering::SeqCst);
+        }
+    }
+
+    /// Installs the forwarding handler for [`SIGNALS`] (SA_RESTART, SA_SIGINFO).
+    pub fn install() {
+        for sig in SIGNALS {
+            use crate::signals::{self, Handler};
+            // SAFETY: the handler only uses async-signal-safe calls and atomics.
+            let _ = unsafe { signals::set(sig, Handler::Info(handler), libc::SA_RESTART) };
+        }
+    }
+
+    /// Records the child's pid and forwards what arrived before it existed.
+    pub fn set_child(pid: u32) {
+        CHILD.store(pid as i32, Ordering::SeqCst);
+        let pending = PENDING.swap(0, Ordering::SeqCst);
+        for sig in SIGNALS {
+            if pending & (1 << sig) != 0 {
+                // SAFETY: sending a signal to our own child.
+                unsafe { libc::kill(pid as i32, sig) };
+            }
+        }
+    }
+
+    /// Exit code and message for a command that could not be started, as shells report
+    /// them: 127 when it does not exist, 126 when it exists but cannot be executed.
+    pub fn exec_failure(cmd: &std::ffi::OsStr, e: &std::io::Error) -> (i32, String) {
+        let has_slash = cmd.as_encoded_bytes().contains(&b'/');
+        match e.kind() {
+            std::io::ErrorKind::NotFound if has_slash => (127, "No such file or directory".into()),
+            std::io::ErrorKind::NotFound => (127, "command not found".into()),
+            _ if std::path::Path::new(cmd).is_dir() && has_slash => (126, "Is a directory".into()),
+            std::io::ErrorKind::PermissionDenied => (126, "Permission denied".into()),
+            _ => (126, e.to_string()),
+        }
+    }
+}

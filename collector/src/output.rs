@@ -1,0 +1,59 @@
+//! Writing an output file atomically (`-o FILE`, `watch`'s files, the flame graphs, captures):
+//! a temporary file in the same directory renamed into place, or standard output for `-`.
+
+/// Writes `bytes` to `path` as [`write_with`] does.
+pub fn write_bytes(bytes: &[u8], path: &std::path::Path) -> anyhow::Result<()> {
+    write_with(path, |out| {
+        out.write_all(bytes)?;
+        out.flush()
+    })
+}
+
+/// Writes an output file safely: `-` is standard output; otherwise a temporary file created
+/// exclusively (no symlink followed), mode 0600, in the same directory (opened with
+/// `O_DIRECTORY | O_NOFOLLOW`: a directory reached through a link in its last component is
+/// refused), renamed into place when `encode` succeeded. A directory is refused with a clear
+/// message.
+pub fn write_with(
+    path: &std::path::Path,
+    encode: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if path.as_os_str() == "-" {
+        let mut out = std::io::stdout().lock();
+        return encode(&mut out).context("cannot write to standard output");
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        anyhow::bail!(
+            "{}: is a directory; -o takes a file name (e.g. {}) or - for standard output",
+            path.display(),
+            path.join("heap.pb.gz").display()
+        );
+    }
+    // A device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written to, not
+    // replaced: renaming a file over it would turn `/dev/null` into a regular file for every
+    // program on the machine (a test run as root did exactly that). Not followed if a link.
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let t = m.file_type();
+        if t.is_char_device() || t.is_fifo() {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            return encode(&mut f).with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{}: not a file name", path.display()))?;
+    // The directory opened once, not through a link (`crate::outdir`); the file created
+    // and renamed relative to it.
+    let dir = crate::outdir::Dir::open(dir, crate::outdir::Create::No)?;
+    dir.write_atomic(name, encode)
+}
