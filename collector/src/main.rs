@@ -25,6 +25,7 @@ mod priority;
 mod push;
 mod python;
 mod regions;
+mod report;
 mod sites;
 mod snapshot;
 mod spool;
@@ -61,6 +62,7 @@ fn main() {
         Command::Run(a) => run(a),
         Command::Gc(a) => gc(a),
         Command::Watch(a) => cli::WatchProps::try_from(a).and_then(|w| watch::watch(&w)),
+        Command::Report(a) => report::ReportProps::try_from(a).and_then(report::run),
         Command::Leaks(a) => leaks(a),
         Command::Retainers(a) => retainers(a),
         Command::Graph(a) => graph_cmd(a),
