@@ -30,7 +30,7 @@ pub struct Growth {
 
 /// The most points the Theil–Sen slope pairs up (a longer series is thinned evenly): its
 /// cost grows as the square of the points.
-pub const MAX_PAIRS_POINTS: usize = 64;
+pub const MAX_PAIRS_POINTS: usize = 48;
 
 /// The median of the slopes between every two points of (`t`, `v`) with distinct times.
 fn theil_sen(t: &[f64], v: &[f64]) -> f64 {
@@ -54,18 +54,38 @@ fn theil_sen(t: &[f64], v: &[f64]) -> f64 {
     if slopes.is_empty() {
         return 0.0;
     }
-    slopes.sort_by(f64::total_cmp);
     let m = slopes.len();
+    let (below, &mut upper, _) = slopes.select_nth_unstable_by(m / 2, f64::total_cmp);
     if m % 2 == 1 {
-        slopes[m / 2]
+        upper
     } else {
-        (slopes[m / 2 - 1] + slopes[m / 2]) / 2.0
+        // The lower middle: the largest of those below.
+        let lower = below.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lower + upper) / 2.0
     }
 }
 
 /// The growth of the series `v` sampled at times `t` (same length; `t` increasing). Fewer
 /// than two points, or all at one time, give zeros.
 pub fn growth(t: &[f64], v: &[f64]) -> Growth {
+    let g = line(t, v);
+    // Only a series that rises along a line can score: no pairs to sort for the others.
+    let median_slope = if g.slope > 0.0 && g.r2 > 0.0 {
+        theil_sen(&t[..t.len().min(v.len())], v)
+    } else {
+        0.0
+    };
+    Growth {
+        median_slope,
+        score: median_slope.max(0.0) * g.r2,
+        ..g
+    }
+}
+
+/// The cheap part of [`growth`] (O(n)): the least-squares slope, R² and the share of growing
+/// intervals; `median_slope` and `score` are 0. What picks the candidates [`growth`] then
+/// ranks, when there are many series.
+pub fn line(t: &[f64], v: &[f64]) -> Growth {
     let n = t.len().min(v.len());
     if n < 2 {
         return Growth::default();
@@ -90,18 +110,12 @@ pub fn growth(t: &[f64], v: &[f64]) -> Growth {
         0.0
     };
     let grew = v.windows(2).filter(|w| w[1] > w[0]).count() as f64 / (n - 1) as f64;
-    // Only a series that rises along a line can score: no pairs to sort for the others.
-    let median_slope = if slope > 0.0 && r2 > 0.0 {
-        theil_sen(t, v)
-    } else {
-        0.0
-    };
     Growth {
         slope,
         r2,
-        median_slope,
+        median_slope: 0.0,
         grew,
-        score: median_slope.max(0.0) * r2,
+        score: 0.0,
     }
 }
 

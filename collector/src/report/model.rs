@@ -2,9 +2,10 @@
 //! per process, and what the page shows computed from them (summary, timeline, growth
 //! ranking), serialized as JSON.
 
-use super::growth::{growth, Growth};
+use super::growth::{growth, line, Growth};
 use crate::sites::Sites;
 use heapdump_proto as pb;
+use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -12,6 +13,9 @@ use std::collections::HashMap;
 pub const TIMELINE_SITES: usize = 8;
 /// How many sites the growth ranking lists.
 pub const RANKED_SITES: usize = 50;
+/// How many sites, the best by least-squares slope × R², the growth ranking scores (the
+/// Theil–Sen slope costs the square of the snapshots per site).
+pub const SCORED_SITES: usize = 4 * RANKED_SITES;
 
 /// What a heapdump profile's comments say of the process and the instant (see
 /// `pprof::build`).
@@ -70,26 +74,30 @@ pub fn identity(p: &pb::Profile) -> Identity {
 #[derive(Debug, Default)]
 struct Trie {
     names: Vec<String>,
-    name_ids: HashMap<String, u32>,
+    name_ids: FxHashMap<String, u32>,
     /// Per node: (parent node, or `u32::MAX` for a root; name id).
     nodes: Vec<(u32, u32)>,
-    children: HashMap<(u32, u32), u32>,
+    children: FxHashMap<(u32, u32), u32>,
 }
 
 impl Trie {
-    /// The node of the stack `frames` (root first).
-    fn intern<'a>(&mut self, frames: impl IntoIterator<Item = &'a str>) -> u32 {
+    /// The id of frame name `f`.
+    fn name(&mut self, f: &str) -> u32 {
+        match self.name_ids.get(f) {
+            Some(&n) => n,
+            None => {
+                let n = self.names.len() as u32;
+                self.names.push(f.to_owned());
+                self.name_ids.insert(f.to_owned(), n);
+                n
+            }
+        }
+    }
+
+    /// The node of the stack of name ids `names` (root first).
+    fn intern(&mut self, names: impl IntoIterator<Item = u32>) -> u32 {
         let mut at = u32::MAX;
-        for f in frames {
-            let name = match self.name_ids.get(f) {
-                Some(&n) => n,
-                None => {
-                    let n = self.names.len() as u32;
-                    self.names.push(f.to_owned());
-                    self.name_ids.insert(f.to_owned(), n);
-                    n
-                }
-            };
+        for name in names {
             at = *self.children.entry((at, name)).or_insert_with(|| {
                 self.nodes.push((at, name));
                 self.nodes.len() as u32 - 1
@@ -136,7 +144,7 @@ struct Process {
     sampling: Option<String>,
     trie: Trie,
     /// Trie node → site id, for the nodes that end a stack.
-    site_of: HashMap<u32, u32>,
+    site_of: FxHashMap<u32, u32>,
     sites: Vec<String>,
     site_ids: HashMap<String, u32>,
     snaps: Vec<Snap>,
@@ -225,7 +233,7 @@ impl Report {
                     command: id.command.clone(),
                     sampling: id.sampling.clone(),
                     trie: Trie::default(),
-                    site_of: HashMap::new(),
+                    site_of: FxHashMap::default(),
                     sites: Vec::new(),
                     site_ids: HashMap::new(),
                     snaps: Vec::new(),
@@ -234,7 +242,11 @@ impl Report {
             }
         };
         let proc = &mut self.processes[at];
-        let frames = crate::flame::location_frames(p);
+        // Each location's frames as name ids, innermost first.
+        let frames: FxHashMap<u64, Vec<u32>> = (crate::flame::location_frames(p).into_iter())
+            .map(|(id, names)| (id, names.iter().map(|n| proc.trie.name(n)).collect()))
+            .collect();
+        let no_stack = proc.trie.name(crate::sites::NO_STACK);
         let value = |s: &pb::Sample, i: Option<usize>| -> i64 {
             i.and_then(|i| s.value.get(i)).copied().unwrap_or(0)
         };
@@ -249,7 +261,7 @@ impl Report {
             shim_peak: id.shim_peak,
             stacks: Vec::new(),
         };
-        let mut by_node: HashMap<u32, i64> = HashMap::new();
+        let mut by_node: FxHashMap<u32, i64> = FxHashMap::default();
         for s in &p.sample {
             let bytes = value(s, Some(ty.inuse_space));
             snap.inuse_bytes += bytes;
@@ -259,14 +271,14 @@ impl Report {
             if bytes == 0 {
                 continue;
             }
-            let mut names: Vec<&str> = Vec::new();
+            let mut names: Vec<u32> = Vec::new();
             for l in s.location_id.iter().rev() {
                 if let Some(f) = frames.get(l) {
-                    names.extend(f.iter().rev().map(String::as_str));
+                    names.extend(f.iter().rev());
                 }
             }
             if names.is_empty() {
-                names.push(crate::sites::NO_STACK);
+                names.push(no_stack);
             }
             let node = proc.trie.intern(names);
             if !proc.site_of.contains_key(&node) {
@@ -376,13 +388,25 @@ fn process_json(proc: &Process) -> Value {
         "other": other,
     });
 
-    // Growth ranking.
+    // Growth ranking: a line fitted to every site, the best scored.
+    let series = |i: usize| -> Vec<f64> { per_site[i].iter().map(|&b| b as f64).collect() };
     let mut ranked: Vec<(usize, Growth)> = (0..proc.sites.len())
-        .map(|i| {
-            let v: Vec<f64> = per_site[i].iter().map(|&b| b as f64).collect();
-            (i, growth(&rel, &v))
-        })
+        .map(|i| (i, line(&rel, &series(i))))
+        .filter(|(_, g)| g.slope > 0.0 && g.r2 > 0.0)
         .collect();
+    ranked.sort_by(|a, b| (b.1.slope * b.1.r2).total_cmp(&(a.1.slope * a.1.r2)));
+    ranked.truncate(SCORED_SITES);
+    for (i, g) in &mut ranked {
+        *g = growth(&rel, &series(*i));
+    }
+    // Then the sites that did not grow, by their last live bytes (a listing, scored 0).
+    let mut rest: Vec<(usize, Growth)> = (0..proc.sites.len())
+        .filter(|i| !ranked.iter().any(|(j, _)| j == i))
+        .map(|i| (i, line(&rel, &series(i))))
+        .collect();
+    rest.sort_by(|a, b| per_site[b.0][n - 1].cmp(&per_site[a.0][n - 1]));
+    rest.truncate(RANKED_SITES);
+    ranked.extend(rest);
     ranked.sort_by(|a, b| {
         (b.1.score.total_cmp(&a.1.score))
             .then(per_site[b.0][n - 1].cmp(&per_site[a.0][n - 1]))
@@ -453,4 +477,103 @@ fn process_json(proc: &Process) -> Value {
         "growth": growth,
         "flame": flame,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 16,000 stack traces of 12 frames (a call tree fanning out to them), innermost first.
+    fn stacks(n: u32) -> HashMap<u32, Vec<String>> {
+        (0..n)
+            .map(|k| {
+                // Innermost first: malloc, the leaf, then its callers out to main.
+                let mut all = vec!["malloc".to_owned(), format!("leaf_alloc_{k}")];
+                all.extend(
+                    (0..10)
+                        .rev()
+                        .map(|d: u32| format!("module{d}::function_{}", k % 4u32.pow(d / 2 + 1))),
+                );
+                all.push("main".into());
+                (k, all)
+            })
+            .collect()
+    }
+
+    /// A profile of `values` (stack id → live bytes) at second `t`.
+    fn profile(names: &HashMap<u32, Vec<String>>, values: &[u64], t: i64) -> pb::Profile {
+        let mut p = crate::pprof::from_names(
+            names,
+            values.iter().enumerate().map(|(s, &b)| (s as u32, 1, b)),
+            &["heapdump snapshot of pid 7 (/bin/app --flag), alive".into()],
+        );
+        p.time_nanos = t * 1_000_000_000;
+        p
+    }
+
+    /// The size of the page of 100 snapshots of 16,000 stacks, where `changed` of the stacks
+    /// change at each snapshot.
+    fn page_size(changed: usize) -> usize {
+        let names = stacks(16_000);
+        let mut values: Vec<u64> = (0..16_000u64).map(|k| 1000 + k * 7).collect();
+        let mut r = Report::new(Sites::default());
+        let mut seed = 1u64;
+        for t in 0..100 {
+            for _ in 0..changed {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let k = (seed >> 33) as usize % values.len();
+                values[k] = (seed >> 40) % 100_000;
+            }
+            r.add(&profile(&names, &values, 1_700_000_000 + t), "")
+                .unwrap();
+        }
+        let d = r.json(None);
+        let html = super::super::page::html("app", &d);
+        assert_eq!(
+            d["processes"][0]["timeline"]["t"].as_array().unwrap().len(),
+            100
+        );
+        assert_eq!(
+            d["processes"][0]["timeline"]["total"][99].as_i64().unwrap(),
+            values.iter().sum::<u64>() as i64
+        );
+        html.len()
+    }
+
+    #[test]
+    fn a_hundred_snapshots_of_16000_stacks_fit_in_a_few_megabytes() {
+        // A tenth of the stacks changing at each beat.
+        let typical = page_size(1600);
+        println!("100 × 16,000 stacks, 1,600 changing per snapshot: {typical} bytes");
+        assert!(typical < 4 << 20, "{typical} bytes");
+    }
+
+    #[test]
+    fn identity_from_the_comments() {
+        let mut p = crate::pprof::from_names(
+            &HashMap::new(),
+            std::iter::empty(),
+            &[
+                "heapdump snapshot of pid 42 (./srv --name (x)), alive".into(),
+                "heapdump-instant pid=42 start_ticks=99 region_ns=123".into(),
+                "counters: live_bytes=1 live_blocks=1 allocations=3 frees=2 peak_live_bytes=777 dropped_blocks=0".into(),
+                "every allocation recorded (not sampled)".into(),
+            ],
+        );
+        p.time_nanos = 5;
+        let id = identity(&p);
+        assert_eq!(
+            id,
+            Identity {
+                pid: 42,
+                start_ticks: 99,
+                command: "./srv --name (x)".into(),
+                region_ns: Some(123),
+                shim_peak: Some(777),
+                sampling: Some("every allocation recorded (not sampled)".into()),
+            }
+        );
+    }
 }
