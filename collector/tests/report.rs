@@ -317,12 +317,20 @@ fn chromium_renders_it_without_an_error() {
         dom.contains(r#"class="partition d3-flame-graph""#),
         "no flame graph"
     );
-    for frame in ["leak_some", "cache_put", "main"] {
-        assert!(
-            dom.contains(&format!(r#"name="{frame}" class="frame""#)),
-            "flame graph frame {frame} missing"
-        );
-    }
+    // Each frame drawn with its width: at the last snapshot the leak (over 3 MiB) is wider
+    // than the cache (1.2 MiB), and both fit in main.
+    let width = |frame: &str| -> f64 {
+        let at = dom
+            .find(&format!(r#"name="{frame}" class="frame""#))
+            .unwrap_or_else(|| panic!("flame graph frame {frame} missing"));
+        let rect = &dom[at..at + dom[at..].find("</rect>").unwrap_or(200)];
+        let w = rect.split(r#"width=""#).nth(1).expect("a width");
+        w[..w.find('"').unwrap()].parse().unwrap()
+    };
+    let (leak, cache, main) = (width("leak_some"), width("cache_put"), width("main"));
+    assert!(cache > 10.0, "{cache}");
+    assert!(leak > cache, "{leak} {cache}");
+    assert!(leak + cache <= main + 1.0, "{leak} {cache} {main}");
     // A screenshot, to look at (kept in the target directory).
     let shot = target_dir().join("test-bins").join("report-screenshot.png");
     let _ = std::fs::remove_file(&shot);

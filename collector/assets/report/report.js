@@ -207,6 +207,16 @@
     host.appendChild(chartEl);
     host.appendChild(details);
     var chart = null;
+    // d3-flame-graph sets each frame's rect width through a d3 transition, run on a later
+    // animation frame (and seen cut short under headless Chromium's virtual time): end them
+    // now, with each rect as wide as its frame (the group's width, set at once).
+    function settle() {
+      d3.select(chartEl).selectAll("rect").interrupt();
+      Array.prototype.forEach.call(chartEl.querySelectorAll("g.frame"), function (g) {
+        var r = g.querySelector("rect");
+        if (r && g.getAttribute("width") !== null) r.setAttribute("width", g.getAttribute("width"));
+      });
+    }
     function draw() {
       var a = +selA.value, b = +selB.value, v, label;
       if (mode.value === "new") {
@@ -229,11 +239,14 @@
         .cellHeight(18)
         .selfValue(false)
         .transitionDuration(0)
+        // No animation: whenever a transition ticks, its frames are at their end state.
+        .transitionEase(function () { return 1; })
         .minFrameSize(1)
         .title("")
         .setDetailsElement(details)
         .setLabelHandler(function (d) { return d.data.name + " — " + bytes(d.value) + " (" + exact(d.value) + " bytes)"; });
       d3.select(chartEl).datum(root).call(chart);
+      settle();
       if (search.value) chart.search(search.value);
     }
     [mode, selA, selB].forEach(function (s) { s.addEventListener("change", draw); });
@@ -249,7 +262,16 @@
     };
   }
 
+  // The flame data: gzip-compressed JSON in base64 (see model.rs), inflated by the browser.
+  function inflate(b64) {
+    var bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Response(stream).text().then(JSON.parse);
+  }
+
   var main = document.getElementById("report"), toc = document.getElementById("toc");
+  var pending = [];
   if (data.processes.length === 0) {
     main.appendChild(el("p", { text: "No snapshots." }));
   }
@@ -276,11 +298,19 @@
     sec.appendChild(el("h3", { text: "Flame graph" }));
     var flHost = el("div", { class: "flame-section" });
     sec.appendChild(flHost);
-    var pick = flameSection(p, flHost);
-    timeline(p, tlHost, pick);
+    var pick = null;
+    timeline(p, tlHost, function (i, asA) { if (pick) pick(i, asA); });
+    pending.push(inflate(p.flame_gz).then(function (flame) {
+      p.flame = flame;
+      pick = flameSection(p, flHost);
+    }));
     Array.prototype.forEach.call(gt.querySelectorAll("tr.growth-row"), function (tr) {
       sparkline(JSON.parse(tr.dataset.values), tr.querySelector("td.spark"));
     });
   });
-  document.body.setAttribute("data-ready", "1");
+  Promise.all(pending).then(function () {
+    document.body.setAttribute("data-ready", "1");
+  }, function (e) {
+    showError("error: the flame graph data: " + e);
+  });
 })();
