@@ -717,8 +717,9 @@ pub struct WatchArgs {
     /// Where to send the profiles, besides -o.
     #[command(flatten)]
     pub push: PushArgs,
-    /// Also rewrite this HTML report (`heapdump report`) of every snapshot taken so far after
-    /// each beat (written to a temporary file renamed into place: reload the page any time).
+    /// Also rewrite this HTML report (`heapdump report`) of every snapshot taken so far (with
+    /// --keep N: the newest N of each process) after each beat (written to a temporary file
+    /// renamed into place: reload the page any time).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
     /// With -o DIR and --push: most bytes of profiles waiting in DIR/.spool for the server

@@ -323,6 +323,9 @@ fn round(
         if let Some(r) = report.as_deref_mut() {
             // A profile `pprof::build` made always has inuse_space.
             let _ = r.add(&profile, &fname.to_string_lossy());
+            if let Some(keep) = w.keep {
+                r.keep_last(keep as usize);
+            }
         }
         if let Some(dir) = sink.dir {
             let gz = pprof::encode_gz(&profile)?;

@@ -397,3 +397,52 @@ fn bad_inputs_are_refused_clearly() {
     let page = std::fs::read_to_string(&out).unwrap();
     assert_eq!(data(&page)["processes"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn watch_keep_bounds_the_report_as_it_bounds_the_directory() {
+    if !can_run("watch_keep_bounds_the_report_as_it_bounds_the_directory") {
+        return;
+    }
+    let regions = region_dir("report-keep");
+    std::fs::create_dir_all(&regions).unwrap();
+    let prog = hold_sized(&regions, 100, 1000);
+    let out = regions.join("out");
+    let page = regions.join("keep.html");
+    let (ok, _, err) = heapdump_cmd(
+        &regions,
+        &[
+            "watch",
+            "--by-pid",
+            &prog.pid().to_string(),
+            "--every",
+            "1s",
+            "--count",
+            "3",
+            "--keep",
+            "2",
+            "-o",
+            out.to_str().unwrap(),
+            "--report",
+            page.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let files = profiles(&out);
+    assert_eq!(files.len(), 2);
+    let d = data(&std::fs::read_to_string(&page).unwrap());
+    let p = &d["processes"][0];
+    let names: Vec<String> = (p["files"].as_array().unwrap().iter())
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    let want: Vec<String> = (files.iter())
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, want);
+    // hold_sized holds 100 blocks of 1000 B and their array of pointers, no more, no less.
+    let total = i64s(&p["timeline"]["total"]);
+    for (t, f) in total.iter().zip(&files) {
+        let prof = decode(f);
+        assert_eq!(*t, prof.sample.iter().map(|s| s.value[3]).sum::<i64>());
+        assert_eq!(sum_through(&prof, "hold_blocks")[3], 100 * 1000 + 100 * 8);
+    }
+}

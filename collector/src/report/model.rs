@@ -215,6 +215,15 @@ impl Report {
             .collect()
     }
 
+    /// Keeps only the newest `n` snapshots of each process (`watch --keep N --report`: the page
+    /// shows what the directory keeps, and memory stays bounded).
+    pub fn keep_last(&mut self, n: usize) {
+        for p in &mut self.processes {
+            let excess = p.snaps.len().saturating_sub(n);
+            p.snaps.drain(..excess);
+        }
+    }
+
     /// Adds profile `p` (read from `file`) as one snapshot of the process its comments name
     /// (pid 0, "", when they do not).
     ///
@@ -562,6 +571,21 @@ mod tests {
         let worst = page_size(16_000);
         println!("100 × 16,000 stacks, about 10,100 changing per snapshot: {worst} bytes");
         assert!(worst < 4 << 20, "{worst} bytes");
+    }
+
+    #[test]
+    fn keep_last_drops_the_oldest() {
+        let names = stacks(3);
+        let mut r = Report::new(Sites::default());
+        for t in 0..5 {
+            r.add(&profile(&names, &[t, 2 * t, 7], 100 + t as i64), "")
+                .unwrap();
+        }
+        r.keep_last(2);
+        let d = r.json(None);
+        let tl = &d["processes"][0]["timeline"];
+        assert_eq!(tl["t"], json!([103.0, 104.0]));
+        assert_eq!(tl["total"], json!([3 + 6 + 7, 4 + 8 + 7]));
     }
 
     #[test]
