@@ -265,6 +265,11 @@ fn chromium(test: &str) -> Option<PathBuf> {
 /// Runs headless Chromium on `page` with `args` (network off, a profile of its own);
 /// returns (stdout, stderr).
 fn headless(browser: &Path, page: &Path, args: &[&str]) -> (String, String) {
+    headless_at(browser, &format!("file://{}", page.display()), args)
+}
+
+/// [`headless`] on a URL.
+fn headless_at(browser: &Path, url: &str, args: &[&str]) -> (String, String) {
     let profile = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(browser);
     cmd.args([
@@ -282,9 +287,17 @@ fn headless(browser: &Path, page: &Path, args: &[&str]) -> (String, String) {
     ])
     .arg(format!("--user-data-dir={}", profile.path().display()))
     .args(args)
-    .arg(format!("file://{}", page.display()));
+    .arg(url);
     let t = run_timeout(&mut cmd, std::time::Duration::from_secs(120));
     (t.stdout, t.stderr)
+}
+
+/// The width of the rect of the flame graph's frame named `frame` in `dom` (the first one).
+fn frame_width(dom: &str, frame: &str) -> Option<f64> {
+    let at = dom.find(&format!(r#"name="{frame}" class="frame""#))?;
+    let rect = &dom[at..at + dom[at..].find("</rect>")?];
+    let w = rect.split(r#"width=""#).nth(1)?;
+    w[..w.find('"')?].parse().ok()
 }
 
 #[test]
@@ -319,18 +332,27 @@ fn chromium_renders_it_without_an_error() {
     );
     // Each frame drawn with its width: at the last snapshot the leak (over 3 MiB) is wider
     // than the cache (1.2 MiB), and both fit in main.
-    let width = |frame: &str| -> f64 {
-        let at = dom
-            .find(&format!(r#"name="{frame}" class="frame""#))
-            .unwrap_or_else(|| panic!("flame graph frame {frame} missing"));
-        let rect = &dom[at..at + dom[at..].find("</rect>").unwrap_or(200)];
-        let w = rect.split(r#"width=""#).nth(1).expect("a width");
-        w[..w.find('"').unwrap()].parse().unwrap()
-    };
+    let width = |frame: &str| frame_width(&dom, frame).expect(frame);
     let (leak, cache, main) = (width("leak_some"), width("cache_put"), width("main"));
     assert!(cache > 10.0, "{cache}");
     assert!(leak > cache, "{leak} {cache}");
     assert!(leak + cache <= main + 1.0, "{leak} {cache} {main}");
+    // What is new between the first and the last snapshot (`#new`): the leak's stack grew,
+    // the cache's (same blocks count, same size) did not.
+    let (dom, err) = headless_at(
+        &browser,
+        &format!("file://{}#new", r.page.display()),
+        &["--dump-dom"],
+    );
+    assert!(dom.contains(r#"data-ready="1""#), "{err}");
+    assert!(
+        dom.contains(r#"name="new between #1 and #8" class="frame""#),
+        "{dom}"
+    );
+    let leak = frame_width(&dom, "leak_some").expect("leak_some");
+    // The cache may differ by the one block being replaced at an instant (64 B).
+    let cache = frame_width(&dom, "cache_put").unwrap_or(0.0);
+    assert!(leak > 100.0 && cache < leak / 1000.0, "{leak} {cache}");
     // A screenshot, to look at (kept in the target directory).
     let shot = target_dir().join("test-bins").join("report-screenshot.png");
     let _ = std::fs::remove_file(&shot);

@@ -249,6 +249,8 @@
       settle();
       if (search.value) chart.search(search.value);
     }
+    // `report.html#new` opens on what is new between the first and the last snapshot.
+    if (location.hash === "#new") mode.value = "new";
     [mode, selA, selB].forEach(function (s) { s.addEventListener("change", draw); });
     search.addEventListener("input", function () {
       if (!chart) return;
