@@ -54,6 +54,9 @@ pub enum Command {
     /// push each profile to a profiling server (Grafana Pyroscope or Parca), until stopped
     /// (SIGINT, SIGTERM) or --count snapshots.
     Watch(WatchArgs),
+    /// Write one self-contained HTML report of a process's heap over time (summary, timeline
+    /// stacked by allocation site, growth ranking, flame graphs) from `watch` profiles.
+    Report(ReportArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
@@ -680,10 +683,36 @@ pub struct WatchArgs {
     /// Where to send the profiles, besides -o.
     #[command(flatten)]
     pub push: PushArgs,
+    /// Also rewrite this HTML report (`heapdump report`) of every snapshot taken so far (with
+    /// --keep N: the newest N of each process) after each beat (written to a temporary file
+    /// renamed into place: reload the page any time).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
     /// With -o DIR and --push: most bytes of profiles waiting in DIR/.spool for the server
     /// (the oldest dropped first past it; 0: no spool, wait in memory only). Default: 256 MiB.
     #[arg(long, value_name = "BYTES", requires = "push")]
     pub spool_max_bytes: Option<u64>,
+}
+
+/// `heapdump report`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  heapdump watch --by-pid 1234 --every 10s -o prof/\n  heapdump report prof/ -o report.html\n  heapdump watch --by-pid 1234 --every 10s -o prof/ --report report.html   # rewritten each beat\n\nThe page needs no network: open it from disk. Snapshots are ordered by their recorded instants; several processes in the inputs get a section each (or pick one with --pid)."
+)]
+pub struct ReportArgs {
+    /// `watch -o` directories (their *.pb.gz files) and heapdump profiles.
+    #[arg(value_name = "DIR|FILE", required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The HTML file to write (`-`: standard output).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Only the snapshots of this process.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Also look past frames whose function matches this regular expression when naming
+    /// allocation sites (besides the known allocator wrappers; pprof's --drop_frames).
+    #[arg(long, value_name = "REGEX")]
+    pub drop_frames: Option<String>,
 }
 
 /// Which processes `watch` follows.
@@ -716,6 +745,8 @@ pub struct WatchProps {
     pub push: Option<PushProps>,
     /// Bound of `DIR/.spool` (0: no spool).
     pub spool_max_bytes: u64,
+    /// The HTML report rewritten after each beat.
+    pub report: Option<PathBuf>,
 }
 
 impl TryFrom<WatchArgs> for WatchProps {
@@ -760,6 +791,7 @@ impl TryFrom<WatchArgs> for WatchProps {
             spool_max_bytes: a
                 .spool_max_bytes
                 .unwrap_or(crate::push::spool::DEFAULT_MAX_BYTES),
+            report: a.report,
         })
     }
 }

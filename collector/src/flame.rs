@@ -126,22 +126,16 @@ pub fn count_name(p: &pb::Profile, index: usize) -> String {
     }
 }
 
-/// The folded stacks of profile `p`, valued by sample type `index` (see [`sample_index`]).
-///
-/// Frames are root-first; a location's inlined functions are expanded (callers first), named
-/// as in the profile. A location without function names (not symbolized) is shown as
-/// `MODULE+0xOFFSET` (the file offset in its mapping's file, as `addr2line -e MODULE` takes
-/// it) or, outside any mapping, as its address. A sample with no locations is
-/// `(no stack trace)`. When samples carry the string labels `process_name` and `pid` (a
-/// multi-process snapshot), each stack is rooted at a frame `NAME (pid PID)`, so that the
-/// processes stand side by side.
-pub fn from_profile(p: &pb::Profile, index: usize) -> Folded {
+/// The frame names of each location of profile `p` (location id → names, innermost first: a
+/// location's inlined functions expanded, as its `line`s list them). A location without
+/// function names (not symbolized) is named `MODULE+0xOFFSET` (the file offset in its
+/// mapping's file, as `addr2line -e MODULE` takes it) or, outside any mapping, its address.
+/// What [`from_profile`] and `heapdump report` name frames by.
+pub fn location_frames(p: &pb::Profile) -> HashMap<u64, Vec<String>> {
     let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
     let functions: HashMap<u64, &str> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
     let mappings: HashMap<u64, &pb::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-    // Location id -> its frames, innermost first.
-    let frames: HashMap<u64, Vec<String>> = p
-        .location
+    p.location
         .iter()
         .map(|l| {
             let named: Vec<String> = l
@@ -172,7 +166,21 @@ pub fn from_profile(p: &pb::Profile, index: usize) -> Folded {
             };
             (l.id, vec![name])
         })
-        .collect();
+        .collect()
+}
+
+/// The folded stacks of profile `p`, valued by sample type `index` (see [`sample_index`]).
+///
+/// Frames are root-first; a location's inlined functions are expanded (callers first), named
+/// as in the profile. A location without function names (not symbolized) is shown as
+/// `MODULE+0xOFFSET` (the file offset in its mapping's file, as `addr2line -e MODULE` takes
+/// it) or, outside any mapping, as its address. A sample with no locations is
+/// `(no stack trace)`. When samples carry the string labels `process_name` and `pid` (a
+/// multi-process snapshot), each stack is rooted at a frame `NAME (pid PID)`, so that the
+/// processes stand side by side.
+pub fn from_profile(p: &pb::Profile, index: usize) -> Folded {
+    let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+    let frames = location_frames(p);
     let key_process_name = p.string_table.iter().position(|x| x == "process_name");
     let key_pid = p.string_table.iter().position(|x| x == "pid");
     let label = |sample: &pb::Sample, k: Option<usize>| -> Option<&str> {

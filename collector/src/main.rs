@@ -28,6 +28,7 @@ mod priority;
 mod push;
 mod python;
 mod regions;
+mod report;
 mod signals;
 mod sites;
 mod snapshot;
@@ -56,6 +57,7 @@ fn main() {
         Command::Run(a) => commands::run::run(a.into()),
         Command::Gc(a) => commands::gc::run(a.into()),
         Command::Watch(a) => cli::WatchProps::try_from(a).and_then(|w| commands::watch::watch(&w)),
+        Command::Report(a) => report::ReportProps::try_from(a).and_then(report::run),
         Command::Leaks(a) => commands::leaks::run(a.into()),
         Command::Retainers(a) => commands::retainers::run(a.into()),
         Command::Graph(a) => commands::graph::run(a.into()),

@@ -140,6 +140,8 @@ pub fn watch(w: &WatchProps) -> Result<()> {
     };
     let mut followed: BTreeMap<u32, Followed> = BTreeMap::new();
     let mut tally = Tally::default();
+    // `--report`: every beat's profiles, the page rewritten after each round.
+    let mut page = (w.report.as_ref()).map(|_| crate::report::Report::new(Default::default()));
     let every = w.every.as_nanos();
     let mut beat = next_beat(now_ns(), every);
     let mut ended = false;
@@ -164,7 +166,15 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             client: client.as_deref(),
             pusher: pusher.as_ref(),
         };
-        ended = round(w, beat, &mut followed, &mut tally, &sink)?;
+        ended = round(w, beat, &mut followed, &mut tally, &sink, page.as_mut())?;
+        if let (Some(r), Some(path)) = (page.as_ref(), &w.report) {
+            if r.len() > 0 {
+                if let Err(e) = crate::report::write(r, None, path) {
+                    tally.failed += 1;
+                    eprintln!("heapdump: --report {}: {e:#}", path.display());
+                }
+            }
+        }
         tally.beats += 1;
         if w.count.is_some_and(|k| tally.beats >= k) {
             break;
@@ -215,14 +225,15 @@ struct Sink<'a> {
     pusher: Option<&'a push::queue::Pusher>,
 }
 
-/// One beat: a snapshot of each followed process. Returns whether the watch should end (the
-/// `--by-pid` process exited).
+/// One beat: a snapshot of each followed process (each also added to `report`, when given).
+/// Returns whether the watch should end (the `--by-pid` process exited).
 fn round(
     w: &WatchProps,
     beat: u128,
     followed: &mut BTreeMap<u32, Followed>,
     tally: &mut Tally,
     sink: &Sink<'_>,
+    mut report: Option<&mut crate::report::Report>,
 ) -> Result<bool> {
     let entries: Vec<Entry> = match &w.target {
         WatchTarget::Pid(pid) => regions::scan()
@@ -309,9 +320,16 @@ fn round(
             },
         );
         let mut dest = Vec::new();
+        let fname = file_name(&name, e.file.pid, beat);
+        if let Some(r) = report.as_deref_mut() {
+            // A profile `pprof::build` made always has inuse_space.
+            let _ = r.add(&profile, &fname.to_string_lossy());
+            if let Some(keep) = w.keep {
+                r.keep_last(keep as usize);
+            }
+        }
         if let Some(dir) = sink.dir {
             let gz = pprof::encode_gz(&profile)?;
-            let fname = file_name(&name, e.file.pid, beat);
             match dir.write_atomic(fname.as_os_str(), |o| o.write_all(&gz)) {
                 Ok(()) => {
                     tally.files += 1;
@@ -343,6 +361,9 @@ fn round(
                 }
             }
             dest.push(format!("push to {}", w.push.as_ref().expect("push").url));
+        }
+        if let Some(path) = &w.report {
+            dest.push(format!("report {}", path.display()));
         }
         eprintln!(
             "heapdump: pid {} ({name}): {} live blocks, {} bytes -> {}",

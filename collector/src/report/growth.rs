@@ -1,0 +1,179 @@
+//! Growth ranking: how steadily an allocation site's live bytes grow over a series of
+//! snapshots.
+//!
+//! A leak grows at every interval, along a line; a cache fills once and stays flat; a burst
+//! comes and goes. Each series gets: the least-squares slope (bytes per second), its
+//! coefficient of determination R² (how well a line fits: 1 for a straight line, near 0 for
+//! noise or a flat series), the Theil–Sen slope (the median of the slopes between every two
+//! snapshots: robust, so one big step or a burst caught by a few snapshots does not make it
+//! large, Sen 1968), and the fraction of intervals over which the value grew. The ranking
+//! score is `max(Theil–Sen slope, 0) × R²`: a steady leak scores its slope, a flat cache 0,
+//! and a 1 MiB burst caught by the last two snapshots of eight 0 (its least-squares slope
+//! would have outranked a 10 KiB/s leak).
+
+/// How one series grows.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Growth {
+    /// Least-squares slope, value units per time unit (bytes per second in the report).
+    pub slope: f64,
+    /// Coefficient of determination of the least-squares line, in `[0, 1]`; 0 when the values
+    /// do not vary (a flat series has no trend to fit) or there are fewer than 2 points.
+    pub r2: f64,
+    /// Theil–Sen slope: the median of the slopes between every two points (of at most
+    /// [`MAX_PAIRS_POINTS`] points, evenly spread, for a long series).
+    pub median_slope: f64,
+    /// Fraction of the intervals (consecutive pairs) over which the value grew, in `[0, 1]`.
+    pub grew: f64,
+    /// `max(median_slope, 0) × r2`: the ranking key, largest first.
+    pub score: f64,
+}
+
+/// The most points the Theil–Sen slope pairs up (a longer series is thinned evenly): its
+/// cost grows as the square of the points.
+pub const MAX_PAIRS_POINTS: usize = 48;
+
+/// The median of the slopes between every two points of (`t`, `v`) with distinct times.
+fn theil_sen(t: &[f64], v: &[f64]) -> f64 {
+    let n = t.len();
+    let idx: Vec<usize> = if n > MAX_PAIRS_POINTS {
+        (0..MAX_PAIRS_POINTS)
+            .map(|k| k * (n - 1) / (MAX_PAIRS_POINTS - 1))
+            .collect()
+    } else {
+        (0..n).collect()
+    };
+    let mut slopes = Vec::with_capacity(idx.len() * idx.len() / 2);
+    for (a, &i) in idx.iter().enumerate() {
+        for &j in &idx[a + 1..] {
+            let dt = t[j] - t[i];
+            if dt > 0.0 {
+                slopes.push((v[j] - v[i]) / dt);
+            }
+        }
+    }
+    if slopes.is_empty() {
+        return 0.0;
+    }
+    let m = slopes.len();
+    let (below, &mut upper, _) = slopes.select_nth_unstable_by(m / 2, f64::total_cmp);
+    if m % 2 == 1 {
+        upper
+    } else {
+        // The lower middle: the largest of those below.
+        let lower = below.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lower + upper) / 2.0
+    }
+}
+
+/// The growth of the series `v` sampled at times `t` (same length; `t` increasing). Fewer
+/// than two points, or all at one time, give zeros.
+pub fn growth(t: &[f64], v: &[f64]) -> Growth {
+    let g = line(t, v);
+    // Only a series that rises along a line can score: no pairs to sort for the others.
+    let median_slope = if g.slope > 0.0 && g.r2 > 0.0 {
+        theil_sen(&t[..t.len().min(v.len())], v)
+    } else {
+        0.0
+    };
+    Growth {
+        median_slope,
+        score: median_slope.max(0.0) * g.r2,
+        ..g
+    }
+}
+
+/// The cheap part of [`growth`] (O(n)): the least-squares slope, R² and the share of growing
+/// intervals; `median_slope` and `score` are 0. What picks the candidates [`growth`] then
+/// ranks, when there are many series.
+pub fn line(t: &[f64], v: &[f64]) -> Growth {
+    let n = t.len().min(v.len());
+    if n < 2 {
+        return Growth::default();
+    }
+    let (t, v) = (&t[..n], &v[..n]);
+    let mt = t.iter().sum::<f64>() / n as f64;
+    let mv = v.iter().sum::<f64>() / n as f64;
+    let (mut stt, mut svv, mut stv) = (0.0, 0.0, 0.0);
+    for (x, y) in t.iter().zip(v) {
+        let (dx, dy) = (x - mt, y - mv);
+        stt += dx * dx;
+        svv += dy * dy;
+        stv += dx * dy;
+    }
+    if stt <= 0.0 {
+        return Growth::default();
+    }
+    let slope = stv / stt;
+    let r2 = if svv > 0.0 {
+        ((stv * stv) / (stt * svv)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let grew = v.windows(2).filter(|w| w[1] > w[0]).count() as f64 / (n - 1) as f64;
+    Growth {
+        slope,
+        r2,
+        median_slope: 0.0,
+        grew,
+        score: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: usize) -> Vec<f64> {
+        (0..n).map(|i| i as f64).collect()
+    }
+
+    #[test]
+    fn a_steady_leak_fits_a_line() {
+        let v: Vec<f64> = (0..8).map(|i| 1000.0 + 640.0 * i as f64).collect();
+        let g = growth(&secs(8), &v);
+        assert!((g.slope - 640.0).abs() < 1e-9, "{g:?}");
+        assert!((g.r2 - 1.0).abs() < 1e-12, "{g:?}");
+        assert_eq!(g.grew, 1.0);
+        assert!((g.median_slope - 640.0).abs() < 1e-9, "{g:?}");
+        assert!((g.score - 640.0).abs() < 1e-9);
+        // A long series is thinned for Theil–Sen, with the same result on a line.
+        let t: Vec<f64> = (0..1000).map(|i| i as f64).collect();
+        let v: Vec<f64> = t.iter().map(|s| 3.0 * s).collect();
+        assert!((growth(&t, &v).median_slope - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_flat_cache_and_a_burst_rank_below_a_slow_leak() {
+        let t = secs(8);
+        let cache = growth(&t, &[1.28e6; 8]);
+        assert_eq!(cache, Growth::default());
+        // A 1 MiB burst caught by the last two snapshots of eight.
+        let m = 1048576.0;
+        let burst = growth(&t, &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, m, m]);
+        // By hand: slope = 6 MiB / 42 s, R² = 36 / (42 × 1.5), one interval of seven grew.
+        assert!((burst.slope - 6.0 * m / 42.0).abs() < 1e-6, "{burst:?}");
+        assert!((burst.r2 - 36.0 / 63.0).abs() < 1e-12, "{burst:?}");
+        assert!((burst.grew - 1.0 / 7.0).abs() < 1e-12);
+        // 16 of the 28 pairs are before or after the step: the median slope is 0.
+        assert_eq!(burst.median_slope, 0.0);
+        assert_eq!(burst.score, 0.0);
+        // A leak of 10 KiB/s: far less than the burst's slope, yet ranked first.
+        let leak: Vec<f64> = t.iter().map(|s| 5e5 + 10240.0 * s).collect();
+        let leak = growth(&t, &leak);
+        assert!(leak.score > 10000.0, "{leak:?}");
+        // A burst caught in the middle (3 of 8 snapshots) scores 0 too.
+        let mid = growth(&t, &[0.0, 0.0, 0.0, m, m, m, 0.0, 0.0]);
+        assert_eq!(mid.score, 0.0, "{mid:?}");
+        // A shrinking series scores 0.
+        let shrink = growth(&t, &[8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]);
+        assert!(shrink.slope < 0.0);
+        assert_eq!(shrink.score, 0.0);
+    }
+
+    #[test]
+    fn too_few_points() {
+        assert_eq!(growth(&[1.0], &[5.0]), Growth::default());
+        assert_eq!(growth(&[], &[]), Growth::default());
+        assert_eq!(growth(&[2.0, 2.0], &[1.0, 9.0]), Growth::default());
+    }
+}

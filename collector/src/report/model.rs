@@ -1,0 +1,617 @@
+//! The report's data: the snapshots of each process, their stack traces interned in one trie
+//! per process, and what the page shows computed from them (summary, timeline, growth
+//! ranking), serialized as JSON.
+
+use super::growth::{growth, line, Growth};
+use crate::sites::Sites;
+use heapdump_proto as pb;
+use rustc_hash::FxHashMap;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// How many allocation sites the timeline stacks by name (the rest are "other").
+pub const TIMELINE_SITES: usize = 8;
+/// How many sites the growth ranking lists.
+pub const RANKED_SITES: usize = 50;
+/// How many sites, the best by least-squares slope × R², the growth ranking scores (the
+/// Theil–Sen slope costs the square of the snapshots per site).
+pub const SCORED_SITES: usize = 4 * RANKED_SITES;
+
+/// What a heapdump profile's comments say of the process and the instant (see
+/// `pprof::build`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Identity {
+    /// Process id (0 when the profile does not say: not a heapdump profile of one process).
+    pub pid: u32,
+    /// The image's start time (clock ticks since boot), which tells a reused pid apart.
+    pub start_ticks: u64,
+    /// Command line, as the region recorded it.
+    pub command: String,
+    /// The snapshot's instant on the region's clock (ns), when the profile says.
+    pub region_ns: Option<u64>,
+    /// The shim's own peak of live bytes (`counters: ... peak_live_bytes=N`).
+    pub shim_peak: Option<i64>,
+    /// The sampling comment (`sampled: one byte in N ...` or `every allocation recorded`).
+    pub sampling: Option<String>,
+}
+
+/// Reads [`Identity`] from the comments of `p`.
+pub fn identity(p: &pb::Profile) -> Identity {
+    let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+    let mut id = Identity::default();
+    for c in p.comment.iter().map(|&c| s(c)) {
+        if let Some(rest) = c.strip_prefix("heapdump snapshot of pid ") {
+            // `PID (COMMAND LINE), alive|exited`: the command line may hold parentheses.
+            if let Some((pid, rest)) = rest.split_once(" (") {
+                id.pid = pid.parse().unwrap_or(0);
+                id.command = rest
+                    .rsplit_once("), ")
+                    .map_or(rest, |(cmd, _)| cmd)
+                    .to_owned();
+            }
+        } else if let Some(rest) = c.strip_prefix("heapdump-instant ") {
+            for kv in rest.split_whitespace() {
+                match kv.split_once('=') {
+                    Some(("start_ticks", v)) => id.start_ticks = v.parse().unwrap_or(0),
+                    Some(("region_ns", v)) => id.region_ns = v.parse().ok(),
+                    Some(("pid", v)) if id.pid == 0 => id.pid = v.parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        } else if let Some(rest) = c.strip_prefix("counters: ") {
+            id.shim_peak = rest
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("peak_live_bytes="))
+                .and_then(|v| v.parse().ok());
+        } else if c.starts_with("sampled: ") || c.starts_with("every allocation recorded") {
+            id.sampling = Some(c.to_owned());
+        }
+    }
+    id
+}
+
+/// Frame names interned root-first into a trie: a stack trace is the id of its last node.
+#[derive(Debug, Default)]
+struct Trie {
+    names: Vec<String>,
+    name_ids: FxHashMap<String, u32>,
+    /// Per node: (parent node, or `u32::MAX` for a root; name id).
+    nodes: Vec<(u32, u32)>,
+    children: FxHashMap<(u32, u32), u32>,
+}
+
+impl Trie {
+    /// The id of frame name `f`.
+    fn name(&mut self, f: &str) -> u32 {
+        match self.name_ids.get(f) {
+            Some(&n) => n,
+            None => {
+                let n = self.names.len() as u32;
+                self.names.push(f.to_owned());
+                self.name_ids.insert(f.to_owned(), n);
+                n
+            }
+        }
+    }
+
+    /// The node of the stack of name ids `names` (root first).
+    fn intern(&mut self, names: impl IntoIterator<Item = u32>) -> u32 {
+        let mut at = u32::MAX;
+        for name in names {
+            at = *self.children.entry((at, name)).or_insert_with(|| {
+                self.nodes.push((at, name));
+                self.nodes.len() as u32 - 1
+            });
+        }
+        at
+    }
+
+    /// The frame names of node `n`'s stack, innermost first.
+    fn innermost_first(&self, mut n: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(&(parent, name)) = self.nodes.get(n as usize) {
+            out.push(self.names[name as usize].clone());
+            n = parent;
+        }
+        out
+    }
+}
+
+/// One snapshot of a process.
+#[derive(Debug)]
+struct Snap {
+    /// Wall-clock instant (`time_nanos`, ns since the Unix epoch).
+    t_ns: i64,
+    region_ns: Option<u64>,
+    /// Where it was read from (a file name; empty for a profile built in memory).
+    file: String,
+    inuse_bytes: i64,
+    inuse_blocks: i64,
+    /// Cumulative since the process started (heapdump's profiles count from the start).
+    alloc_bytes: i64,
+    alloc_blocks: i64,
+    shim_peak: Option<i64>,
+    /// (trie node of the stack, live bytes), sorted by node, one entry per node.
+    stacks: Vec<(u32, i64)>,
+}
+
+/// The snapshots of one process (one image of one pid).
+#[derive(Debug)]
+struct Process {
+    pid: u32,
+    start_ticks: u64,
+    command: String,
+    sampling: Option<String>,
+    trie: Trie,
+    /// Trie node → site id, for the nodes that end a stack.
+    site_of: FxHashMap<u32, u32>,
+    sites: Vec<String>,
+    site_ids: HashMap<String, u32>,
+    snaps: Vec<Snap>,
+}
+
+/// The sample-type indexes of a heap profile.
+struct Types {
+    inuse_space: usize,
+    inuse_objects: Option<usize>,
+    alloc_space: Option<usize>,
+    alloc_objects: Option<usize>,
+}
+
+fn types(p: &pb::Profile) -> Option<Types> {
+    let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+    let find = |name: &str| p.sample_type.iter().position(|t| s(t.r#type) == name);
+    Some(Types {
+        inuse_space: find("inuse_space")?,
+        inuse_objects: find("inuse_objects"),
+        alloc_space: find("alloc_space"),
+        alloc_objects: find("alloc_objects"),
+    })
+}
+
+/// Errors adding a profile to a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddError {
+    /// The profile has no `inuse_space` sample type: not a heap profile.
+    NotHeap,
+}
+
+impl std::fmt::Display for AddError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddError::NotHeap => write!(f, "not a heap profile (no inuse_space sample type)"),
+        }
+    }
+}
+
+impl std::error::Error for AddError {}
+
+/// The snapshots of one or more processes, growing as profiles are added (`heapdump report`
+/// adds every file, `watch --report` each beat's profiles), rendered as JSON for the page.
+#[derive(Debug)]
+pub struct Report {
+    rule: Sites,
+    processes: Vec<Process>,
+}
+
+impl Report {
+    /// An empty report naming allocation sites by `rule`.
+    pub fn new(rule: Sites) -> Self {
+        Report {
+            rule,
+            processes: Vec::new(),
+        }
+    }
+
+    /// Number of snapshots added, over all processes.
+    pub fn len(&self) -> usize {
+        self.processes.iter().map(|p| p.snaps.len()).sum()
+    }
+
+    /// The processes added so far: (pid, command), in the order first seen.
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        (self.processes.iter())
+            .map(|p| (p.pid, p.command.clone()))
+            .collect()
+    }
+
+    /// Keeps only the newest `n` snapshots of each process (`watch --keep N --report`: the page
+    /// shows what the directory keeps, and memory stays bounded).
+    pub fn keep_last(&mut self, n: usize) {
+        for p in &mut self.processes {
+            let excess = p.snaps.len().saturating_sub(n);
+            p.snaps.drain(..excess);
+        }
+    }
+
+    /// Adds profile `p` (read from `file`) as one snapshot of the process its comments name
+    /// (pid 0, "", when they do not).
+    ///
+    /// Errors: `p` has no `inuse_space` sample type.
+    pub fn add(&mut self, p: &pb::Profile, file: &str) -> Result<(), AddError> {
+        let ty = types(p).ok_or(AddError::NotHeap)?;
+        let id = identity(p);
+        let at = match (self.processes.iter())
+            .position(|q| q.pid == id.pid && q.start_ticks == id.start_ticks)
+        {
+            Some(i) => i,
+            None => {
+                self.processes.push(Process {
+                    pid: id.pid,
+                    start_ticks: id.start_ticks,
+                    command: id.command.clone(),
+                    sampling: id.sampling.clone(),
+                    trie: Trie::default(),
+                    site_of: FxHashMap::default(),
+                    sites: Vec::new(),
+                    site_ids: HashMap::new(),
+                    snaps: Vec::new(),
+                });
+                self.processes.len() - 1
+            }
+        };
+        let proc = &mut self.processes[at];
+        // Each location's frames as name ids, innermost first.
+        let frames: FxHashMap<u64, Vec<u32>> = (crate::flame::location_frames(p).into_iter())
+            .map(|(id, names)| (id, names.iter().map(|n| proc.trie.name(n)).collect()))
+            .collect();
+        let no_stack = proc.trie.name(crate::sites::NO_STACK);
+        let value = |s: &pb::Sample, i: Option<usize>| -> i64 {
+            i.and_then(|i| s.value.get(i)).copied().unwrap_or(0)
+        };
+        let mut snap = Snap {
+            t_ns: p.time_nanos,
+            region_ns: id.region_ns,
+            file: file.to_owned(),
+            inuse_bytes: 0,
+            inuse_blocks: 0,
+            alloc_bytes: 0,
+            alloc_blocks: 0,
+            shim_peak: id.shim_peak,
+            stacks: Vec::new(),
+        };
+        let mut by_node: FxHashMap<u32, i64> = FxHashMap::default();
+        for s in &p.sample {
+            let bytes = value(s, Some(ty.inuse_space));
+            snap.inuse_bytes += bytes;
+            snap.inuse_blocks += value(s, ty.inuse_objects);
+            snap.alloc_bytes += value(s, ty.alloc_space);
+            snap.alloc_blocks += value(s, ty.alloc_objects);
+            if bytes == 0 {
+                continue;
+            }
+            let mut names: Vec<u32> = Vec::new();
+            for l in s.location_id.iter().rev() {
+                if let Some(f) = frames.get(l) {
+                    names.extend(f.iter().rev());
+                }
+            }
+            if names.is_empty() {
+                names.push(no_stack);
+            }
+            let node = proc.trie.intern(names);
+            if !proc.site_of.contains_key(&node) {
+                let stack = proc.trie.innermost_first(node);
+                let site = self.rule.site(&stack);
+                let sid = match proc.site_ids.get(site) {
+                    Some(&i) => i,
+                    None => {
+                        proc.sites.push(site.to_owned());
+                        proc.site_ids
+                            .insert(site.to_owned(), proc.sites.len() as u32 - 1);
+                        proc.sites.len() as u32 - 1
+                    }
+                };
+                proc.site_of.insert(node, sid);
+            }
+            *by_node.entry(node).or_default() += bytes;
+        }
+        snap.stacks = by_node.into_iter().collect();
+        snap.stacks.sort_unstable();
+        // Kept ordered by the recorded instants; the region's clock, then the file name,
+        // break ties.
+        let key = |s: &Snap| (s.t_ns, s.region_ns, s.file.clone());
+        let at = proc.snaps.partition_point(|s| key(s) <= key(&snap));
+        proc.snaps.insert(at, snap);
+        Ok(())
+    }
+
+    /// The report's data as JSON: `{"processes": [...]}`, one entry per process (only `pid`'s
+    /// when given), each ordered by the snapshots' instants. See `assets/report/report.js` for
+    /// how the page reads it.
+    pub fn json(&self, pid: Option<u32>) -> Value {
+        let mut out = Vec::new();
+        for proc in &self.processes {
+            if pid.is_some_and(|p| p != proc.pid) || proc.snaps.is_empty() {
+                continue;
+            }
+            out.push(process_json(proc));
+        }
+        json!({ "version": 1, "processes": out })
+    }
+}
+
+/// The JSON of one process (see [`Report::json`]).
+fn process_json(proc: &Process) -> Value {
+    let snaps = &proc.snaps;
+    let n = snaps.len();
+    let t0 = snaps[0].t_ns;
+    // Seconds since the Unix epoch (uPlot's time axis), and since the first snapshot.
+    let t: Vec<f64> = snaps.iter().map(|s| s.t_ns as f64 / 1e9).collect();
+    let rel: Vec<f64> = snaps.iter().map(|s| (s.t_ns - t0) as f64 / 1e9).collect();
+
+    // Live bytes per site per snapshot.
+    let mut per_site = vec![vec![0i64; n]; proc.sites.len()];
+    for (i, s) in snaps.iter().enumerate() {
+        for &(node, bytes) in &s.stacks {
+            per_site[proc.site_of[&node] as usize][i] += bytes;
+        }
+    }
+
+    // Summary.
+    let (peak_i, peak) = (snaps.iter().enumerate())
+        .map(|(i, s)| (i, s.inuse_bytes))
+        .max_by_key(|&(i, b)| (b, std::cmp::Reverse(i)))
+        .unwrap_or((0, 0));
+    let span = rel[n - 1];
+    let rate =
+        |f: fn(&Snap) -> i64| (span > 0.0).then(|| (f(&snaps[n - 1]) - f(&snaps[0])) as f64 / span);
+    let summary = json!({
+        "pid": proc.pid,
+        "command": proc.command,
+        "sampling": proc.sampling,
+        "snapshots": n,
+        "first_ns": snaps[0].t_ns,
+        "last_ns": snaps[n - 1].t_ns,
+        "span_s": span,
+        "peak_bytes": peak,
+        "peak_index": peak_i,
+        "peak_ns": snaps[peak_i].t_ns,
+        "shim_peak_bytes": snaps[n - 1].shim_peak,
+        "last_bytes": snaps[n - 1].inuse_bytes,
+        "last_blocks": snaps[n - 1].inuse_blocks,
+        "alloc_bytes_per_s": rate(|s| s.alloc_bytes),
+        "alloc_blocks_per_s": rate(|s| s.alloc_blocks),
+    });
+
+    // Timeline: the sites with the most live bytes on average, the rest as "other".
+    let mut by_mean: Vec<usize> = (0..proc.sites.len()).collect();
+    by_mean.sort_by_key(|&i| {
+        (
+            std::cmp::Reverse(per_site[i].iter().sum::<i64>()),
+            proc.sites[i].clone(),
+        )
+    });
+    by_mean.retain(|&i| per_site[i].iter().any(|&b| b != 0));
+    let top: Vec<usize> = by_mean.iter().take(TIMELINE_SITES).copied().collect();
+    let total: Vec<i64> = snaps.iter().map(|s| s.inuse_bytes).collect();
+    let other: Vec<i64> = (0..n)
+        .map(|i| total[i] - top.iter().map(|&s| per_site[s][i]).sum::<i64>())
+        .collect();
+    let timeline = json!({
+        "t": t,
+        "total": total,
+        "blocks": snaps.iter().map(|s| s.inuse_blocks).collect::<Vec<_>>(),
+        "sites": top.iter().map(|&s| &proc.sites[s]).collect::<Vec<_>>(),
+        "series": top.iter().map(|&s| &per_site[s]).collect::<Vec<_>>(),
+        "other": other,
+    });
+
+    // Growth ranking: a line fitted to every site, the best scored.
+    let series = |i: usize| -> Vec<f64> { per_site[i].iter().map(|&b| b as f64).collect() };
+    let mut ranked: Vec<(usize, Growth)> = (0..proc.sites.len())
+        .map(|i| (i, line(&rel, &series(i))))
+        .filter(|(_, g)| g.slope > 0.0 && g.r2 > 0.0)
+        .collect();
+    ranked.sort_by(|a, b| (b.1.slope * b.1.r2).total_cmp(&(a.1.slope * a.1.r2)));
+    ranked.truncate(SCORED_SITES);
+    for (i, g) in &mut ranked {
+        *g = growth(&rel, &series(*i));
+    }
+    // Then the sites that did not grow, by their last live bytes (a listing, scored 0).
+    let mut rest: Vec<(usize, Growth)> = (0..proc.sites.len())
+        .filter(|i| !ranked.iter().any(|(j, _)| j == i))
+        .map(|i| (i, line(&rel, &series(i))))
+        .collect();
+    rest.sort_by(|a, b| per_site[b.0][n - 1].cmp(&per_site[a.0][n - 1]));
+    rest.truncate(RANKED_SITES);
+    ranked.extend(rest);
+    ranked.sort_by(|a, b| {
+        (b.1.score.total_cmp(&a.1.score))
+            .then(per_site[b.0][n - 1].cmp(&per_site[a.0][n - 1]))
+            .then(proc.sites[a.0].cmp(&proc.sites[b.0]))
+    });
+    let growth: Vec<Value> = (ranked.iter().take(RANKED_SITES))
+        .map(|(i, g)| {
+            json!({
+                "site": proc.sites[*i],
+                "slope": g.slope,
+                "median_slope": g.median_slope,
+                "r2": g.r2,
+                "grew": g.grew,
+                "score": g.score,
+                "first": per_site[*i][0],
+                "last": per_site[*i][n - 1],
+                "values": per_site[*i],
+            })
+        })
+        .collect();
+
+    // Flame graphs: the trie, and each snapshot's live bytes per stack as changes from the
+    // previous snapshot: [node gap, byte change, ...] (node ids increasing; the first gap from
+    // -1), so that stacks that did not change cost nothing.
+    let mut prev: HashMap<u32, i64> = HashMap::new();
+    let mut deltas: Vec<Vec<i64>> = Vec::with_capacity(n);
+    for s in snaps {
+        let mut changes: Vec<(u32, i64)> = Vec::new();
+        let now: HashMap<u32, i64> = s.stacks.iter().copied().collect();
+        for (&node, &b) in &now {
+            let was = prev.get(&node).copied().unwrap_or(0);
+            if b != was {
+                changes.push((node, b - was));
+            }
+        }
+        for (&node, &was) in &prev {
+            if !now.contains_key(&node) {
+                changes.push((node, -was));
+            }
+        }
+        changes.sort_unstable();
+        let mut flat = Vec::with_capacity(changes.len() * 2);
+        let mut last = -1i64;
+        for (node, d) in changes {
+            flat.push(node as i64 - last);
+            flat.push(d);
+            last = node as i64;
+        }
+        deltas.push(flat);
+        prev = now;
+    }
+    // Gzip-compressed and base64-encoded (the page inflates it with the browser's
+    // DecompressionStream): a third of the size or less, the deltas being repetitive text.
+    let flame = deflate(&json!({
+        "names": proc.trie.names,
+        "parent": proc.trie.nodes.iter().map(|&(p, _)| if p == u32::MAX { -1 } else { p as i64 }).collect::<Vec<_>>(),
+        "name": proc.trie.nodes.iter().map(|&(_, n)| n).collect::<Vec<_>>(),
+        "deltas": deltas,
+    }));
+
+    json!({
+        "pid": proc.pid,
+        "start_ticks": proc.start_ticks,
+        "command": proc.command,
+        "files": snaps.iter().map(|s| &s.file).collect::<Vec<_>>(),
+        "alloc_bytes": snaps.iter().map(|s| s.alloc_bytes).collect::<Vec<_>>(),
+        "alloc_blocks": snaps.iter().map(|s| s.alloc_blocks).collect::<Vec<_>>(),
+        "summary": summary,
+        "timeline": timeline,
+        "growth": growth,
+        "flame_gz": flame,
+    })
+}
+
+/// `v` as JSON text, gzip-compressed, in standard base64.
+fn deflate(v: &Value) -> String {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    gz.write_all(v.to_string().as_bytes())
+        .and_then(|()| gz.finish())
+        .map(|b| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b))
+        .expect("gzip into memory")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 16,000 stack traces of 12 frames (a call tree fanning out to them), innermost first.
+    fn stacks(n: u32) -> HashMap<u32, Vec<String>> {
+        (0..n)
+            .map(|k| {
+                // Innermost first: malloc, the leaf, then its callers out to main.
+                let mut all = vec!["malloc".to_owned(), format!("leaf_alloc_{k}")];
+                all.extend(
+                    (0..10)
+                        .rev()
+                        .map(|d: u32| format!("module{d}::function_{}", k % 4u32.pow(d / 2 + 1))),
+                );
+                all.push("main".into());
+                (k, all)
+            })
+            .collect()
+    }
+
+    /// A profile of `values` (stack id → live bytes) at second `t`.
+    fn profile(names: &HashMap<u32, Vec<String>>, values: &[u64], t: i64) -> pb::Profile {
+        let mut p = crate::pprof::from_names(
+            names,
+            values.iter().enumerate().map(|(s, &b)| (s as u32, 1, b)),
+            &["heapdump snapshot of pid 7 (/bin/app --flag), alive".into()],
+        );
+        p.time_nanos = t * 1_000_000_000;
+        p
+    }
+
+    /// The size of the page of 100 snapshots of 16,000 stacks, where `changed` of the stacks
+    /// change at each snapshot.
+    fn page_size(changed: usize) -> usize {
+        let names = stacks(16_000);
+        let mut values: Vec<u64> = (0..16_000u64).map(|k| 1000 + k * 7).collect();
+        let mut r = Report::new(Sites::default());
+        let mut seed = 1u64;
+        for t in 0..100 {
+            for _ in 0..changed {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let k = (seed >> 33) as usize % values.len();
+                values[k] = (seed >> 40) % 100_000;
+            }
+            r.add(&profile(&names, &values, 1_700_000_000 + t), "")
+                .unwrap();
+        }
+        let d = r.json(None);
+        let html = super::super::page::html("app", &d);
+        assert_eq!(
+            d["processes"][0]["timeline"]["t"].as_array().unwrap().len(),
+            100
+        );
+        assert_eq!(
+            d["processes"][0]["timeline"]["total"][99].as_i64().unwrap(),
+            values.iter().sum::<u64>() as i64
+        );
+        html.len()
+    }
+
+    #[test]
+    fn a_hundred_snapshots_of_16000_stacks_fit_in_a_few_megabytes() {
+        // Every stack changing at every beat (16,000 random draws change about 10,100; with a
+        // tenth changing, 1,600 draws, the page was 1.2 MB).
+        let worst = page_size(16_000);
+        println!("100 × 16,000 stacks, about 10,100 changing per snapshot: {worst} bytes");
+        assert!(worst < 4 << 20, "{worst} bytes");
+    }
+
+    #[test]
+    fn keep_last_drops_the_oldest() {
+        let names = stacks(3);
+        let mut r = Report::new(Sites::default());
+        for t in 0..5 {
+            r.add(&profile(&names, &[t, 2 * t, 7], 100 + t as i64), "")
+                .unwrap();
+        }
+        r.keep_last(2);
+        let d = r.json(None);
+        let tl = &d["processes"][0]["timeline"];
+        assert_eq!(tl["t"], json!([103.0, 104.0]));
+        assert_eq!(tl["total"], json!([3 + 6 + 7, 4 + 8 + 7]));
+    }
+
+    #[test]
+    fn identity_from_the_comments() {
+        let mut p = crate::pprof::from_names(
+            &HashMap::new(),
+            std::iter::empty(),
+            &[
+                "heapdump snapshot of pid 42 (./srv --name (x)), alive".into(),
+                "heapdump-instant pid=42 start_ticks=99 region_ns=123".into(),
+                "counters: live_bytes=1 live_blocks=1 allocations=3 frees=2 peak_live_bytes=777 dropped_blocks=0".into(),
+                "every allocation recorded (not sampled)".into(),
+            ],
+        );
+        p.time_nanos = 5;
+        let id = identity(&p);
+        assert_eq!(
+            id,
+            Identity {
+                pid: 42,
+                start_ticks: 99,
+                command: "./srv --name (x)".into(),
+                region_ns: Some(123),
+                shim_peak: Some(777),
+                sampling: Some("every allocation recorded (not sampled)".into()),
+            }
+        );
+    }
+}
