@@ -7,6 +7,7 @@
 //! [`watch`] (snapshots every interval), [`push`] (sending profiles to Pyroscope or Parca, the
 //! queue), [`parca`] (the gRPC client), [`spool`] (unsent profiles kept on disk).
 
+mod attach;
 mod cli;
 mod contents;
 mod flame;
@@ -66,6 +67,8 @@ fn main() {
         Command::Graph(a) => graph_cmd(a),
         Command::Top(a) => top(a),
         Command::Convert(a) => convert(a),
+        Command::Attach(a) => attach::attach(&a),
+        Command::Detach(a) => attach::detach(&a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");

@@ -1,0 +1,78 @@
+/* A program for `heapdump attach` tests, started WITHOUT the shim. It allocates 1,110 blocks it
+ * keeps (1,100 small ones whose usable size equals the request, 10 of their own mapping),
+ * allocates and frees 60 more (free chunks among the kept ones), and plants a leak of 1,000
+ * bytes (the pointer is dropped). Then it prints, with no allocation after mallinfo2:
+ *   ready PID KEPT KEPT_BYTES LEAK_ADDRESS
+ *   mallinfo UORDBLKS HBLKHD HBLKS
+ *   held ADDR...      (the kept blocks)
+ *   freed ADDR...     (the freed ones)
+ * and reads one-letter commands from stdin (read(2): no stdio buffer is allocated):
+ *   m  allocate 100 more blocks in make_more() (sizes 100..199), kept; prints "more ADDR..."
+ *   f  free the first 10 kept blocks; prints "freed10"
+ *   q  exit(0)
+ * stdout is unbuffered (no buffer allocated). Build with -fno-optimize-sibling-calls. */
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KEPT 1110
+static void *held[KEPT];
+static void *more[100];
+static void *freed[60];
+
+__attribute__((noinline)) static void plant_leak(unsigned long *where) {
+    char *p = malloc(1000);
+    memset(p, 'L', 1000);
+    *where = (unsigned long)p ^ 0x5555555555555555ul; /* not a pointer any more */
+}
+
+__attribute__((noinline)) static void make_more(void) {
+    for (int i = 0; i < 100; i++) {
+        more[i] = malloc(100 + i);
+        memset(more[i], 1, 100 + i);
+    }
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    unsigned long bytes = 0, leak = 0;
+    for (int i = 0; i < KEPT; i++) {
+        size_t n = i < 1100 ? 24 + 16 * (i % 40) : 49 * 4096 - 16;
+        held[i] = malloc(n);
+        memset(held[i], 0, n);
+        bytes += n;
+        if (i % 20 == 0 && i / 20 < 60) {
+            freed[i / 20] = malloc(24 + 16 * (i % 8));
+        }
+    }
+    plant_leak(&leak);
+    for (int i = 0; i < 60; i++) {
+        free(freed[i]);
+    }
+    struct mallinfo2 mi = mallinfo2();
+    printf("ready %d %d %lu %#lx\n", (int)getpid(), KEPT, bytes, leak ^ 0x5555555555555555ul);
+    printf("mallinfo %zu %zu %zu\n", mi.uordblks, mi.hblkhd, mi.hblks);
+    printf("held");
+    for (int i = 0; i < KEPT; i++) printf(" %#lx", (unsigned long)held[i]);
+    printf("\nfreed");
+    for (int i = 0; i < 60; i++) printf(" %#lx", (unsigned long)freed[i]);
+    printf("\n");
+    leak = 0;
+    char c;
+    while (read(0, &c, 1) == 1) {
+        if (c == 'm') {
+            make_more();
+            printf("more");
+            for (int i = 0; i < 100; i++) printf(" %#lx", (unsigned long)more[i]);
+            printf("\n");
+        } else if (c == 'f') {
+            for (int i = 0; i < 10; i++) free(held[i]);
+            printf("freed10\n");
+        } else if (c == 'q') {
+            exit(0);
+        }
+    }
+    return 0;
+}
