@@ -1,6 +1,7 @@
 /* A program for `heapdump attach` tests, started WITHOUT the shim. It allocates 1,110 blocks it
  * keeps (1,100 small ones whose usable size equals the request, 10 of their own mapping),
- * allocates and frees 60 more (free chunks among the kept ones), and plants a leak of 1,000
+ * allocates and frees 60 more, alternately of 120 and 968 bytes (free chunks among the kept
+ * ones: in the per-thread cache, fastbins and the unsorted bin), and plants a leak of 1,000
  * bytes (the pointer is dropped). Then it prints, with no allocation after mallinfo2:
  *   ready PID KEPT KEPT_BYTES LEAK_ADDRESS
  *   mallinfo UORDBLKS HBLKHD HBLKS
@@ -44,7 +45,7 @@ int main(void) {
         memset(held[i], 0, n);
         bytes += n;
         if (i % 20 == 0 && i / 20 < 60) {
-            freed[i / 20] = malloc(24 + 16 * (i % 8));
+            freed[i / 20] = malloc((i / 20) % 2 ? 968 : 120);
         }
     }
     plant_leak(&leak);

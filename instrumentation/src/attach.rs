@@ -22,6 +22,8 @@ pub struct Started {
     pub blocks: u64,
     /// Their usable sizes, bytes.
     pub bytes: u64,
+    /// glibc's `mallinfo2` just before the walk: `uordblks`, `hblkhd`, `hblks`.
+    pub mallinfo: [u64; 3],
     /// Why the heap was not walked (another allocator, a glibc whose layout was not
     /// recognised): only what comes after the attach is recorded. `None` when it was.
     pub heap_not_walked: Option<&'static str>,
@@ -76,13 +78,21 @@ pub fn start(env: &'static [u8], marker_pc: u64) -> Result<Started, AttachError>
     // Walked before recording starts: the shim's own start-up allocations (unwinder tables)
     // are then not taken for the program's.
     let mut found = Blocks::new();
-    let walked = state::internal_work(|| glibc_heap::walk(&mut found));
+    let mut mallinfo = [0u64; 3];
+    let walked = state::internal_work(|| {
+        // SAFETY: mallinfo2 takes the arena locks, which no stopped thread holds; it does
+        // not allocate.
+        let mi = unsafe { libc::mallinfo2() };
+        mallinfo = [mi.uordblks as u64, mi.hblkhd as u64, mi.hblks as u64];
+        glibc_heap::walk(&mut found)
+    });
     crate::region::set_env_override(env);
     state::init();
     let Some(_) = state::global() else {
         return Err(AttachError::NoRegion);
     };
     let mut started = Started {
+        mallinfo,
         heap_not_walked: walked.err(),
         ..Started::default()
     };

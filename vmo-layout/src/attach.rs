@@ -24,7 +24,7 @@ pub const ENV_BYTES: usize = 2048;
 /// Bytes of [`AttachArgs::message`].
 pub const MESSAGE_BYTES: usize = 512;
 
-/// The request and the answer (`#[repr(C)]`, 2,608 bytes).
+/// The request and the answer (`#[repr(C)]`, 2,632 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct AttachArgs {
@@ -38,6 +38,10 @@ pub struct AttachArgs {
     pub bytes: u64,
     /// GOT slots pointed at the shim (attach) or restored (detach).
     pub slots: u64,
+    /// glibc's own count when the heap was walked (`mallinfo2`): bytes of chunks in use in
+    /// its arenas (`uordblks`: the walk's blocks plus their 8-byte headers, plus chunks in the
+    /// per-thread caches), and of its mmapped chunks (`hblkhd`), and how many (`hblks`).
+    pub mallinfo: [u64; 3],
     /// Bytes used in [`Self::env`].
     pub env_len: u64,
     /// A line for the user: why it failed, or a note (the heap was not walked, and why);
@@ -57,6 +61,7 @@ impl AttachArgs {
             blocks: 0,
             bytes: 0,
             slots: 0,
+            mallinfo: [0; 3],
             env_len: 0,
             message: [0; MESSAGE_BYTES],
             env: [0; ENV_BYTES],

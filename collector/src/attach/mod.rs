@@ -378,6 +378,10 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
         answer.bytes,
         answer.slots
     );
+    println!(
+        "glibc's own count then (mallinfo2): {} bytes in chunks in use in its arenas, {} bytes in {} mmapped chunks",
+        answer.mallinfo[0], answer.mallinfo[1], answer.mallinfo[2]
+    );
     if !note.is_empty() {
         eprintln!("heapdump: note: {note}");
     }

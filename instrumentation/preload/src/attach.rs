@@ -59,6 +59,7 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
             heapdump_instrumentation::python::detect();
             a.blocks = s.blocks;
             a.bytes = s.bytes;
+            a.mallinfo = s.mallinfo;
             a.slots = got::rebind_attached(&crate::rebind_table()) as u64;
             if let Some(why) = s.heap_not_walked {
                 a.set_message(&[
