@@ -349,3 +349,38 @@ fn attach_killed_midway_leaves_program_running() {
     send(&mut r, "q");
     assert_eq!(r.finish(), 0);
 }
+
+/// Attach and detach while 4 threads churn malloc/realloc/free at full speed: no deadlock
+/// (the safe point is found and the `dlopen` finishes), every block keeps what was written
+/// (each thread's rounds all sum the same), and the program's output and exit status are
+/// those of a run without heapdump. Several processes, one attach/detach cycle each (a
+/// detached process cannot be attached again: the shim stays loaded).
+#[test]
+fn attach_detach_under_churn() {
+    if !can_run("attach_detach_under_churn") {
+        return;
+    }
+    let exe = compile_c("attach_churn", &[]);
+    let run = |attach: bool, cycle: u32| -> String {
+        let dir = region_dir("attach-churn");
+        let mut r = start(Command::new(&exe), &dir, false);
+        let pid = r.pid().to_string();
+        if attach {
+            let (ok, so, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &pid, "--timeout", "20"]);
+            assert!(ok, "cycle {cycle}: attach failed: {so}{se}");
+            let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid, "--timeout", "20"]);
+            assert!(ok, "cycle {cycle}: detach failed: {so}{se}");
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        send(&mut r, "q");
+        let out = r.wait_line("sum");
+        assert_eq!(r.finish(), 0, "cycle {cycle}: exit status");
+        out.join(" ")
+    };
+    let expected = run(false, 0);
+    assert!(expected.ends_with(" bad 0"), "{expected}");
+    for cycle in 0..5 {
+        assert_eq!(run(true, cycle), expected, "cycle {cycle}: output changed");
+    }
+}

@@ -12,7 +12,7 @@
 //! crate then points the GOT slots of the malloc family at its own functions.
 
 use crate::glibc_heap::{self, Block, Blocks};
-use crate::state::{self, TLS};
+use crate::state;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// What [`start`] found and recorded.
@@ -124,13 +124,9 @@ pub fn stop() -> bool {
     {
         return false;
     }
+    // Nothing that takes a lock: other threads may be stopped inside the recording path.
     if let Some(g) = state::global() {
-        TLS.with(|t| {
-            state::internal(t, || {
-                crate::modules::add_mappings(&g.writer);
-                g.writer.set_state(vmo_layout::v1::STATE_EXITED);
-            })
-        });
+        g.writer.set_state(vmo_layout::v1::STATE_EXITED);
     }
     state::STATE.store(state::DISABLED, Ordering::Release);
     true

@@ -37,8 +37,8 @@ use vmo_layout::attach::{AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, STATUS_OK};
 const STACK_SCAN: usize = 64 * 1024;
 
 /// libc's functions a thread must not be inside of at the safe point: the malloc family,
-/// its statistics and tuning (they take the arena locks), and `fork` (which holds them
-/// around the system call).
+/// its statistics and tuning (they take the arena locks), `fork` (which holds them around
+/// the system call), and the loader's entry points.
 const ALLOCATOR: &[&str] = &[
     "malloc",
     "free",
@@ -67,6 +67,18 @@ const ALLOCATOR: &[&str] = &[
     "fork",
     "__libc_fork",
     "_Fork",
+    // The loader's entry points in libc: they hold the loader lock (`dl_iterate_phdr` also
+    // while its callback runs: an unwinder's, the shim's).
+    "dlopen",
+    "dlmopen",
+    "dlclose",
+    "dlsym",
+    "dlvsym",
+    "dladdr",
+    "dladdr1",
+    "dlinfo",
+    "dlerror",
+    "dl_iterate_phdr",
 ];
 
 /// How long the stub may take (the `dlopen`, the heap walk), at most.
@@ -176,7 +188,7 @@ struct Target {
     shim_loaded: bool,
 }
 
-fn inspect(pid: u32, held: &Held, for_detach: bool) -> Result<Target> {
+fn inspect(pid: u32, held: &Held) -> Result<Target> {
     let maps = maps(pid)?;
     let libc_path = maps
         .iter()
@@ -206,9 +218,6 @@ fn inspect(pid: u32, held: &Held, for_detach: bool) -> Result<Target> {
         }
         if f.starts_with("ld-linux") || f.starts_with("ld-2.") || f.starts_with("ld.so") {
             forbidden.push((m.start, m.end, "the dynamic loader".into()));
-        }
-        if for_detach && f == "libheapdump.so" {
-            forbidden.push((m.start, m.end, "libheapdump.so".into()));
         }
     }
     // A `syscall` instruction (0f 05) in libc's code.
@@ -428,7 +437,7 @@ fn call(
     }
     let started = Instant::now();
     let mut held = Held::stop(pid)?;
-    let target = inspect(pid, &held, for_detach)?;
+    let target = inspect(pid, &held)?;
     if !for_detach && target.shim_loaded {
         bail!(
             "cannot attach to pid {pid}: libheapdump.so is loaded there already (started under \

@@ -62,26 +62,48 @@ fn ptrace(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> std::io::Res
     }
 }
 
-/// Waits for the tracee `tid` to stop; returns the stop signal (`SIGTRAP` for the stops
-/// heapdump asks for), or an error when it exited.
+/// Waits (at most 5 s) for the tracee `tid` to stop; returns the stop signal (`SIGTRAP` for
+/// the stops heapdump asks for). Errors: it exited, or is a zombie (a process that exits while
+/// held: its leader is reported only once every other thread was reaped, so a blocking wait
+/// could hang), or did not stop in time.
 fn wait_stop(tid: u32) -> Result<i32> {
-    let mut status = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut nap = 20u64;
     loop {
-        // SAFETY: waiting for our tracee; `status` is writable.
-        let w = unsafe { libc::waitpid(tid as libc::pid_t, &mut status, libc::__WALL) };
+        let mut status = 0;
+        // SAFETY: polling our tracee; `status` is writable.
+        let w = unsafe {
+            libc::waitpid(
+                tid as libc::pid_t,
+                &mut status,
+                libc::__WALL | libc::WNOHANG,
+            )
+        };
+        if w == tid as libc::pid_t {
+            if libc::WIFSTOPPED(status) {
+                return Ok(libc::WSTOPSIG(status));
+            }
+            bail!("thread {tid} exited");
+        }
         if w == -1 {
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
+            if e.raw_os_error() != Some(libc::EINTR) {
+                bail!("waiting for thread {tid}: {e}");
             }
-            bail!("waiting for thread {tid}: {e}");
         }
-        break;
-    }
-    if libc::WIFSTOPPED(status) {
-        Ok(libc::WSTOPSIG(status))
-    } else {
-        bail!("thread {tid} exited")
+        let state = std::fs::read_to_string(format!("/proc/{tid}/stat")).unwrap_or_default();
+        let state = state
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if matches!(state, None | Some("Z") | Some("X")) {
+            bail!("thread {tid} exited");
+        }
+        if std::time::Instant::now() >= until {
+            bail!("thread {tid} did not stop within 5 s");
+        }
+        std::thread::sleep(std::time::Duration::from_micros(nap));
+        nap = (nap * 2).min(2000);
     }
 }
 

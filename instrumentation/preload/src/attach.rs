@@ -93,7 +93,14 @@ pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
         a.status = STATUS_FAILED;
         return;
     }
-    a.slots = got::restore_all() as u64;
+    match got::restore_all() {
+        Ok(n) => a.slots = n as u64,
+        Err(got::Busy) => {
+            a.set_message(&[b"a thread was rebinding the GOT after a dlopen: try again"]);
+            a.status = STATUS_FAILED;
+            return;
+        }
+    }
     core::stop();
     a.status = STATUS_OK;
 }

@@ -85,8 +85,15 @@ pub fn rebind_attached(table: &[Rebind]) -> usize {
 /// Puts back what [`rebind_attached`] changed, in every slot that still holds our function
 /// (an object unloaded since is skipped: its slot is no longer mapped, or no longer ours).
 /// Returns how many slots were restored.
-pub fn restore_all() -> usize {
-    let mut saved = SAVED.lock().unwrap_or_else(|e| e.into_inner());
+///
+/// Errors: `Busy` when another thread holds the table (it is stopped inside a `dlopen` hook's
+/// rebinding): nothing was restored; try again.
+pub fn restore_all() -> Result<usize, Busy> {
+    let mut saved = match SAVED.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return Err(Busy),
+    };
     let n = saved.1;
     let mut restored = 0;
     for s in saved.0[..n].iter().copied() {
@@ -102,8 +109,12 @@ pub fn restore_all() -> usize {
         }
     }
     saved.1 = 0;
-    restored
+    Ok(restored)
 }
+
+/// [`restore_all`] could not take the table of changed slots.
+#[derive(Debug, Clone, Copy)]
+pub struct Busy;
 
 /// Whether the word at `a` belongs to a loaded object's writable-or-RELRO data, by asking the
 /// loader which object holds it.
