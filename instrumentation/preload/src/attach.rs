@@ -111,7 +111,17 @@ pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
 pub(crate) fn decide_preloaded() -> bool {
     // SAFETY: a lookup of a NUL-terminated name in the global scope.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
-    let preloaded = crate::own_symbol(c"malloc").is_some_and(|ours| ours == f);
+    // Whether that definition lies in this library (dladdr allocates nothing: the first
+    // allocation, which starts recording, is still the program's).
+    let base = |a: usize| {
+        // SAFETY: a zeroed Dl_info is valid; dladdr only looks the address up.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::dladdr(a as *const libc::c_void, &mut info) } != 0)
+            .then_some(info.dli_fbase as usize)
+    };
+    let preloaded =
+        f != 0 && base(f).is_some() && base(f) == base(decide_preloaded as *const () as usize);
     PRELOADED.store(preloaded, Ordering::Release);
     preloaded
 }
