@@ -105,23 +105,56 @@ pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
     a.status = STATUS_OK;
 }
 
-/// Called by the constructor: whether this library was preloaded (its `malloc` is the one
-/// the program's lookups find first) rather than `dlopen`ed by `heapdump attach`, in which
-/// case recording starts only when the attach entry is called.
+/// Called by the constructor: whether this library was preloaded rather than `dlopen`ed by
+/// `heapdump attach` (then recording starts only when the attach entry is called). Decided by
+/// the loader's list of objects, in load order: a preloaded library comes before libc, a
+/// `dlopen`ed one after. (Comparing the global `malloc` with ours does not work: in a non-PIE
+/// executable that takes `malloc`'s address, the lookup finds the executable's PLT entry.)
+/// Allocates nothing: the first allocation, which starts recording, is still the program's.
 pub(crate) fn decide_preloaded() -> bool {
-    // SAFETY: a lookup of a NUL-terminated name in the global scope.
-    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
-    // Whether that definition lies in this library (dladdr allocates nothing: the first
-    // allocation, which starts recording, is still the program's).
-    let base = |a: usize| {
-        // SAFETY: a zeroed Dl_info is valid; dladdr only looks the address up.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        (unsafe { libc::dladdr(a as *const libc::c_void, &mut info) } != 0)
-            .then_some(info.dli_fbase as usize)
+    struct Seen {
+        own: usize,
+        libc_seen: bool,
+        preloaded: Option<bool>,
+    }
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes our `Seen` and a valid info for this call.
+        let (seen, info) = unsafe { (&mut *(data as *mut Seen), &*info) };
+        if info.dlpi_addr as usize == seen.own {
+            seen.preloaded = Some(!seen.libc_seen);
+            return 1;
+        }
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+        if file.starts_with(b"libc.so") {
+            seen.libc_seen = true;
+        }
+        0
+    }
+    // SAFETY: a zeroed Dl_info is valid; dladdr only looks the address up.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        libc::dladdr(
+            decide_preloaded as *const () as *const libc::c_void,
+            &mut info,
+        )
     };
-    let preloaded =
-        f != 0 && base(f).is_some() && base(f) == base(decide_preloaded as *const () as usize);
+    let mut seen = Seen {
+        own: info.dli_fbase as usize,
+        libc_seen: false,
+        preloaded: None,
+    };
+    // SAFETY: the callback has the right signature and receives our `Seen`.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut seen as *mut Seen as *mut libc::c_void) };
+    // dli_fbase is the mapping's start, dlpi_addr the load bias: equal for a shared library
+    // linked at 0, as this one is. Not found: assume preloaded (the behaviour before attach).
+    let preloaded = seen.preloaded.unwrap_or(true);
     PRELOADED.store(preloaded, Ordering::Release);
     preloaded
 }
