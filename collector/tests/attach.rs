@@ -384,3 +384,69 @@ fn attach_detach_under_churn() {
         assert_eq!(run(true, cycle), expected, "cycle {cycle}: output changed");
     }
 }
+
+/// python3 started without the shim: attach, then objects made in a Python function are
+/// recorded under that function (the shim's CPython support found the interpreter at the
+/// attach), the blocks live before are there, and detach lets it exit 0.
+#[test]
+fn attach_to_python3() {
+    let py = Path::new("/usr/bin/python3");
+    if !py.exists() {
+        println!("skipped: attach_to_python3: no /usr/bin/python3");
+        return;
+    }
+    let dir = region_dir("attach-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("attach.py");
+    std::fs::write(
+        &script,
+        "import os, sys\n\
+         kept = [str(i) * 100 for i in range(20000)]\n\
+         def big():\n    return [bytes(10000 + i % 7) for i in range(1000)]\n\
+         print('ready', os.getpid(), flush=True)\n\
+         for line in sys.stdin:\n\
+         \x20   if line.startswith('m'):\n\
+         \x20       y = big()\n\
+         \x20       print('more', len(y), flush=True)\n\
+         \x20   elif line.startswith('q'):\n\
+         \x20       break\n\
+         print('bye', len(kept), flush=True)\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(py);
+    cmd.arg(&script);
+    let mut r = start(cmd, &dir, false);
+    let pid = r.pid();
+    let out = attach(&dir, pid);
+    let before: u64 = out
+        .split_whitespace()
+        .skip_while(|w| *w != "s:")
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(before > 1000, "blocks live before the attach: {out}");
+    send(&mut r, "m\n");
+    assert_eq!(r.wait_line("more"), ["1000"]);
+    let p = decode(&snapshot(&dir, pid, &[]));
+    let big = locations_of(&p, "big");
+    let (mut n, mut bytes) = (0i64, 0i64);
+    for s in &p.sample {
+        if s.location_id.iter().any(|l| big.contains(l)) && s.value[3] / s.value[2].max(1) >= 10_000
+        {
+            n += s.value[2];
+            bytes += s.value[3];
+        }
+    }
+    // PyBytesObject: 32 bytes of header and the payload's NUL.
+    let want: i64 = (0..1000).map(|i| 10_000 + i % 7 + 33).sum();
+    assert_eq!(
+        (n, bytes),
+        (1000, want),
+        "objects made in big() after the attach"
+    );
+    let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
+    assert!(ok, "detach: {so}{se}");
+    send(&mut r, "q\n");
+    assert_eq!(r.wait_line("bye"), ["20000"]);
+    assert_eq!(r.finish(), 0);
+}

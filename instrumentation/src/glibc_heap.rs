@@ -267,14 +267,52 @@ fn glibc_version() -> Option<(u32, u32)> {
     Some((num(it.next()?)?, num(it.next()?)?))
 }
 
-/// Whether `malloc` as the program sees it (first in the global scope) is libc's.
+/// Whether `malloc` as the program sees it (first in the global scope) is libc's: the lookup
+/// finds libc's, or an executable's PLT entry (a non-PIE executable that takes `malloc`'s
+/// address makes that its canonical address; `dladdr` finds no `malloc` defined there),
+/// rather than a `malloc` another object defines (jemalloc, tcmalloc, mimalloc linked in).
 fn malloc_is_glibcs() -> bool {
     extern "C" {
         fn __libc_malloc(size: libc::size_t) -> *mut libc::c_void;
     }
     // SAFETY: a lookup of a NUL-terminated name in the global scope.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
-    f == __libc_malloc as *const () as usize
+    if f == __libc_malloc as *const () as usize {
+        return true;
+    }
+    extern "C" {
+        fn dladdr1(
+            addr: *const libc::c_void,
+            info: *mut libc::Dl_info,
+            extra: *mut *mut libc::c_void,
+            flags: libc::c_int,
+        ) -> libc::c_int;
+    }
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    // SAFETY: a zeroed Dl_info is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut sym: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills `info` and points `sym` at the matching ELF symbol, if any.
+    if unsafe {
+        dladdr1(
+            f as *const libc::c_void,
+            &mut info,
+            &mut sym,
+            RTLD_DL_SYMENT,
+        )
+    } == 0
+        || sym.is_null()
+    {
+        return false;
+    }
+    // SAFETY: with RTLD_DL_SYMENT, `sym` points at the symbol's `Elf64_Sym`.
+    let s = unsafe { &*(sym as *const libc::Elf64_Sym) };
+    let defines_malloc = info.dli_saddr as usize == f
+        && s.st_shndx != 0 // SHN_UNDEF: a canonical PLT entry, not a definition
+        && !info.dli_sname.is_null()
+        // SAFETY: dli_sname is a NUL-terminated string owned by the loader.
+        && unsafe { std::ffi::CStr::from_ptr(info.dli_sname) }.to_bytes() == b"malloc";
+    !defines_malloc
 }
 
 /// Parses `/proc/self/maps` into `out`.
