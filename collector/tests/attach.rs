@@ -450,3 +450,41 @@ fn attach_to_python3() {
     assert_eq!(r.wait_line("bye"), ["20000"]);
     assert_eq!(r.finish(), 0);
 }
+
+/// ptrace denied (heapdump run as another user, `nobody`, against a root process): refused in
+/// one line naming `kernel.yama.ptrace_scope` and `CAP_SYS_PTRACE`; the program runs on.
+#[test]
+fn attach_refuses_without_ptrace_rights() {
+    if !can_run("attach_refuses_without_ptrace_rights") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        println!("skipped: attach_refuses_without_ptrace_rights: needs root and setpriv");
+        return;
+    }
+    let dir = region_dir("attach-denied");
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(heapdump())
+        .args(["attach", "--by-pid", &pid.to_string()])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "attach as nobody succeeded");
+    assert!(
+        se.contains("ptrace refused")
+            && se.contains("kernel.yama.ptrace_scope")
+            && se.contains("CAP_SYS_PTRACE")
+            && se.contains("nothing was changed"),
+        "{se}"
+    );
+    assert_eq!(se.trim_end().lines().count(), 1, "{se}");
+    send(&mut r, "m");
+    assert_eq!(r.wait_line("more").len(), 100);
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
