@@ -488,3 +488,80 @@ fn attach_refuses_without_ptrace_rights() {
     send(&mut r, "q");
     assert_eq!(r.finish(), 0);
 }
+
+/// A thread stuck inside the allocator (malloc_stats blocked writing to a full pipe while it
+/// holds the arena lock): refused after --timeout in one line naming it; the shim is not
+/// loaded and no thread is left stopped.
+#[test]
+fn attach_refuses_a_thread_stuck_in_the_allocator() {
+    if !can_run("attach_refuses_a_thread_stuck_in_the_allocator") {
+        return;
+    }
+    let dir = region_dir("attach-stuck");
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let mut cmd = Command::new(exe);
+    // stderr: a pipe nobody reads.
+    let (rd, wr) = {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        (fds[0], fds[1])
+    };
+    // SAFETY: `wr` is a descriptor we own, given to the child as its stderr.
+    cmd.stderr(unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(wr) });
+    cmd.env("HEAPDUMP_DIR", &dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let pid = loop {
+        let l = lines.next().unwrap().unwrap();
+        if let Some(rest) = l.strip_prefix("ready ") {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u32>()
+                .unwrap();
+        }
+    };
+    stdin.write_all(b"s").unwrap();
+    stdin.flush().unwrap();
+    while lines.next().unwrap().unwrap() != "stuck" {}
+    let (ok, _, se) = heapdump_cmd(
+        &dir,
+        &["attach", "--by-pid", &pid.to_string(), "--timeout", "0.5"],
+    );
+    assert!(!ok, "attach succeeded with a thread stuck in the allocator");
+    assert!(
+        se.contains("malloc_stats") && se.contains("nothing was changed"),
+        "{se}"
+    );
+    assert_eq!(se.trim_end().lines().count(), 1, "{se}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libheapdump.so"), "the shim was loaded");
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let st = std::fs::read_to_string(t.path().join("stat")).unwrap();
+        let state = st
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned();
+        assert!(
+            state != "t" && state != "T",
+            "thread {:?} left stopped",
+            t.file_name()
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // SAFETY: our end of the pipe, closed once.
+    unsafe { libc::close(rd) };
+}

@@ -10,9 +10,15 @@
  * and reads one-letter commands from stdin (read(2): no stdio buffer is allocated):
  *   m  allocate 100 more blocks in make_more() (sizes 100..199), kept; prints "more ADDR..."
  *   f  free the first 10 kept blocks; prints "freed10"
+ *   s  start a thread that fills stderr (a pipe nobody reads) and then calls malloc_stats(),
+ *      which blocks writing to it while it holds the main arena's lock: a thread stuck in
+ *      the allocator; prints "stuck"
  *   q  exit(0)
  * stdout is unbuffered (no buffer allocated). Build with -fno-optimize-sibling-calls. */
+#include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +40,19 @@ __attribute__((noinline)) static void make_more(void) {
         more[i] = malloc(100 + i);
         memset(more[i], 1, 100 + i);
     }
+}
+
+static void *stuck(void *arg) {
+    (void)arg;
+    char buf[4096];
+    memset(buf, 's', sizeof buf);
+    int fl = fcntl(2, F_GETFL);
+    fcntl(2, F_SETFL, fl | O_NONBLOCK);
+    while (write(2, buf, sizeof buf) > 0 || errno == EINTR) {
+    }
+    fcntl(2, F_SETFL, fl);
+    malloc_stats(); /* blocks in its fprintf(stderr), holding the arena lock */
+    return NULL;
 }
 
 int main(void) {
@@ -71,6 +90,11 @@ int main(void) {
         } else if (c == 'f') {
             for (int i = 0; i < 10; i++) free(held[i]);
             printf("freed10\n");
+        } else if (c == 's') {
+            pthread_t t;
+            pthread_create(&t, NULL, stuck, NULL);
+            usleep(200000);
+            printf("stuck\n");
         } else if (c == 'q') {
             exit(0);
         }

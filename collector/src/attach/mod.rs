@@ -6,11 +6,12 @@
 //!    has the shim already.
 //! 2. Safe point: no thread may be inside the allocator or the loader, or `dlopen` could
 //!    deadlock on an arena lock or the loader lock, and the heap walk read a heap being
-//!    changed. Each thread's instruction pointer and the return addresses on its stack (the
-//!    words from its stack pointer up, at most [`STACK_SCAN`] bytes, that follow a call
-//!    instruction) must lie neither in the loader's code nor in one of libc's malloc-family
-//!    functions ([`ALLOCATOR`], their dynamic-symbol ranges; a thread inside `_int_malloc` or
-//!    waiting for an arena lock has a return address into `malloc` there). Otherwise the
+//!    changed. Each thread's instruction pointer must lie neither in the loader's code nor in
+//!    one of libc's malloc-family functions or loader entry points ([`ALLOCATOR`], their
+//!    dynamic-symbol ranges), nor may the return addresses on its stack (the words from its
+//!    stack pointer up, at most [`STACK_SCAN`] bytes, that follow a call instruction) point
+//!    into those functions (a thread inside `_int_malloc` or waiting for an arena lock has a
+//!    return address into `malloc` there; one holding the loader lock, into `dlopen`, …). Otherwise the
 //!    threads run a few milliseconds and are stopped again, up to `--timeout`.
 //! 3. Two pages are mapped in the target (one thread makes the `mmap` system calls, single
 //!    stepped on a `syscall` instruction of libc: the only moments the target depends on
@@ -79,6 +80,10 @@ const ALLOCATOR: &[&str] = &[
     "dlinfo",
     "dlerror",
     "dl_iterate_phdr",
+    "__libc_dlopen_mode",
+    "__libc_dlsym",
+    "__libc_dlvsym",
+    "__libc_dlclose",
 ];
 
 /// How long the stub may take (the `dlopen`, the heap walk), at most.
@@ -182,6 +187,10 @@ impl Forbidden {
 struct Target {
     libc: Object,
     forbidden: Forbidden,
+    /// The loader's code: no thread may be executing it (its stack is not searched for
+    /// return addresses into it: stale ones are common, e.g. from lazy binding, and the
+    /// loader's lock is taken through libc's entry points, which are in `forbidden`).
+    loader: Forbidden,
     /// An address in libc's code holding the bytes of a `syscall` instruction.
     gadget: u64,
     /// Whether libheapdump.so is mapped.
@@ -211,13 +220,14 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
         }
     }
     let shim_loaded = maps.iter().any(|m| file_name(&m.path) == "libheapdump.so");
+    let mut loader = Vec::new();
     for m in &maps {
         let f = file_name(&m.path);
         if !m.perms.contains('x') {
             continue;
         }
         if f.starts_with("ld-linux") || f.starts_with("ld-2.") || f.starts_with("ld.so") {
-            forbidden.push((m.start, m.end, "the dynamic loader".into()));
+            loader.push((m.start, m.end, "the dynamic loader".into()));
         }
     }
     // A `syscall` instruction (0f 05) in libc's code.
@@ -239,6 +249,7 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
     Ok(Target {
         libc,
         forbidden: Forbidden(forbidden),
+        loader: Forbidden(loader),
         gadget,
         shim_loaded,
     })
@@ -262,7 +273,7 @@ fn after_call(held: &Held, ret: u64) -> bool {
 /// point.
 fn unsafe_thread(held: &Held, t: &Target) -> Option<String> {
     for th in &held.threads {
-        if let Some(what) = t.forbidden.find(th.regs.rip) {
+        if let Some(what) = t.forbidden.find(th.regs.rip).or(t.loader.find(th.regs.rip)) {
             return Some(format!("thread {} is executing {what}", th.tid));
         }
         let mut stack = vec![0u8; STACK_SCAN];
