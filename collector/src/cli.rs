@@ -60,6 +60,32 @@ pub enum Command {
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
     /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
     Gc(GcArgs),
+    /// Load the shim into a running process (x86-64 Linux, dynamically linked, glibc) and
+    /// start recording, with the blocks already live recorded too (stack: "live before
+    /// attach"). Needs ptrace rights over the process (see the README's "Attach").
+    Attach(AttachCmd),
+    /// Stop recording in a process `heapdump attach` attached to: the program runs on, its
+    /// region stays readable as the heap at the detach.
+    Detach(AttachCmd),
+}
+
+/// `heapdump attach` / `heapdump detach`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["by_pid", "by_name"])))]
+pub struct AttachCmd {
+    /// Process id of the target.
+    #[arg(long, value_name = "PID")]
+    pub by_pid: Option<u32>,
+    /// Command name of the target (/proc/PID/comm); must be unique.
+    #[arg(long, value_name = "NAME")]
+    pub by_name: Option<String>,
+    /// The shim to load (default: libheapdump.so next to this executable, or $HEAPDUMP_LIB).
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Longest wait, in seconds, for a moment when no thread is inside the allocator or the
+    /// loader (then nothing is changed and heapdump exits with an error).
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub timeout: f64,
 }
 
 /// A running process to build the reference graph of (and how), or a capture of one.

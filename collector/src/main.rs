@@ -9,6 +9,7 @@
 //! queue, the spool of unsent profiles), [`output`] (writing files atomically).
 
 mod analysis;
+mod attach;
 mod cli;
 mod commands;
 mod contents;
@@ -63,6 +64,8 @@ fn main() {
         Command::Graph(a) => commands::graph::run(a.into()),
         Command::Top(a) => commands::top::run(a.into()),
         Command::Convert(a) => commands::convert::run(a.into()),
+        Command::Attach(a) => attach::attach(&a),
+        Command::Detach(a) => attach::detach(&a),
     };
     if let Err(e) = r {
         eprintln!("heapdump: {e:#}");

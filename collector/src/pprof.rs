@@ -50,6 +50,13 @@ impl Strings {
 /// Whether a resolved frame is the shim's own (in `libheapdump.so`, or a function of the
 /// recording path): leaf frames like these are stripped from stack traces.
 pub fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
+    // The single frame of the blocks found live at `heapdump attach`: it names them.
+    if r.frames
+        .last()
+        .is_some_and(|f| f.function == vmo_layout::attach::BEFORE_ATTACH_FRAME)
+    {
+        return false;
+    }
     if let Some(m) = r.module {
         if modules[m].path.ends_with("/libheapdump.so") {
             return true;

@@ -10,7 +10,7 @@
 //! Public modules (what `HeapdumpAlloc`, the preload crate and the tests use): [`hooks`] (what
 //! each allocator call records), [`state`] (start-up, per-thread state, the reentrancy guard),
 //! [`unwind`] (frame-pointer walk, stack bounds), `dwarf` (the CFI unwinder, x86-64),
-//! [`global_alloc`], [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
+//! [`global_alloc`], [`attach`] and [`glibc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
 //! raw-fork detection), `nodes` (record recycling), `region` (the region file and settings),
 //! `stacks` (stack interning), `index` (address → record), `modules` (the module table),
 //! `sys` (helpers usable inside malloc).
@@ -19,6 +19,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod attach;
 mod deferred;
 #[cfg(target_arch = "x86_64")]
 // `dwarf.rs` is being reworked (issue 20): its one closure-wrapped unsafe block has its
@@ -27,6 +28,7 @@ mod deferred;
 pub mod dwarf;
 pub mod exec;
 mod fork;
+pub mod glibc_heap;
 pub mod global_alloc;
 pub mod hooks;
 mod index;

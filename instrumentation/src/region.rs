@@ -98,7 +98,14 @@ pub fn settings() -> Settings {
     }
     // SAFETY: `buf` is a fresh ENV_MAX-byte mapping.
     let env = unsafe { std::slice::from_raw_parts_mut(buf, ENV_MAX) };
-    let n = read_file(b"/proc/self/environ\0", env);
+    let n = match env_override() {
+        Some(o) => {
+            let n = o.len().min(ENV_MAX);
+            env[..n].copy_from_slice(&o[..n]);
+            n
+        }
+        None => read_file(b"/proc/self/environ\0", env),
+    };
     for var in env[..n].split(|b| *b == 0) {
         let Some(eq) = var.iter().position(|b| *b == b'=') else {
             continue;
@@ -181,6 +188,32 @@ pub fn settings() -> Settings {
     // SAFETY: the mapping is ours and no longer referenced (`env` ends here).
     unsafe { unmap(buf, ENV_MAX) };
     s
+}
+
+/// The settings of a process the shim was attached to (`heapdump attach`): `NAME=VALUE` entries
+/// separated by NUL bytes, as in `/proc/self/environ`, given by the collector instead of the
+/// process's own environment. Address and length, 0 when unset.
+static ENV_OVERRIDE: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
+
+/// Makes [`settings`] read `env` (NUL-separated `NAME=VALUE` entries) instead of
+/// `/proc/self/environ`: the settings `heapdump attach` passes. `env` must stay valid and
+/// unchanged until the next [`settings`] call returns.
+pub fn set_env_override(env: &'static [u8]) {
+    ENV_OVERRIDE.1.store(env.len(), Ordering::Relaxed);
+    ENV_OVERRIDE
+        .0
+        .store(env.as_ptr() as usize, Ordering::Release);
+}
+
+fn env_override() -> Option<&'static [u8]> {
+    let p = ENV_OVERRIDE.0.load(Ordering::Acquire);
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: set by set_env_override from a slice its caller keeps valid.
+    Some(unsafe {
+        std::slice::from_raw_parts(p as *const u8, ENV_OVERRIDE.1.load(Ordering::Relaxed))
+    })
 }
 
 /// `1`/`true`/`yes` or `0`/`false`/`no`/empty (any case).

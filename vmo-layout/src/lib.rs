@@ -14,6 +14,7 @@
 //! The region format, the insert/erase/snapshot protocol and the argument for its consistency
 //! are described in `ARCHITECTURE.md` at the root of the repository.
 
+pub mod attach;
 pub mod check;
 pub mod clock;
 pub mod name;

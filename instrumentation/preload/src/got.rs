@@ -40,12 +40,91 @@ struct Ctx<'a> {
     /// Load bias of libheapdump.so itself (skipped).
     own_base: usize,
     rebound: usize,
+    /// Attached (`heapdump attach`): libc's own slots are rebound too (when preloaded they
+    /// are bound to ours already), and every slot changed is kept in [`SAVED`] for the detach.
+    attach: bool,
 }
+
+/// A GOT slot changed at attach: where, what it held, its object's RELRO range.
+#[derive(Debug, Clone, Copy)]
+struct Saved {
+    slot: usize,
+    old: usize,
+    ours: usize,
+    relro: (usize, usize),
+}
+
+/// Most slots kept for the detach (about 4 per object that calls the malloc family).
+const MAX_SAVED: usize = 16384;
+
+/// The slots changed since the attach, restored by [`restore_all`]. Taken only at attach,
+/// `dlopen`, `dlclose` and detach: never on the allocation path.
+static SAVED: std::sync::Mutex<([Saved; MAX_SAVED], usize)> = std::sync::Mutex::new((
+    [Saved {
+        slot: 0,
+        old: 0,
+        ours: 0,
+        relro: (0, 0),
+    }; MAX_SAVED],
+    0,
+));
 
 /// Points every loaded object's GOT slots that hold one of `table`'s glibc definitions at our
 /// definition instead. Skips `libheapdump.so`, libc and the dynamic loader. Returns how many
 /// slots were changed.
 pub fn rebind_all(table: &[Rebind]) -> usize {
+    rebind(table, false)
+}
+
+/// As [`rebind_all`] after `heapdump attach`: libc's own slots too, and every slot changed is
+/// kept for [`restore_all`]. Returns how many slots were changed.
+pub fn rebind_attached(table: &[Rebind]) -> usize {
+    rebind(table, true)
+}
+
+/// Puts back what [`rebind_attached`] changed, in every slot that still holds our function
+/// (an object unloaded since is skipped: its slot is no longer mapped, or no longer ours).
+/// Returns how many slots were restored.
+///
+/// Errors: `Busy` when another thread holds the table (it is stopped inside a `dlopen` hook's
+/// rebinding): nothing was restored; try again.
+pub fn restore_all() -> Result<usize, Busy> {
+    let mut saved = match SAVED.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return Err(Busy),
+    };
+    let n = saved.1;
+    let mut restored = 0;
+    for s in saved.0[..n].iter().copied() {
+        if !slot_mapped(s.slot) {
+            continue;
+        }
+        let slot = s.slot as *mut usize;
+        // SAFETY: a GOT word of a still-mapped object (checked just above), aligned.
+        if unsafe { slot.read_volatile() } == s.ours {
+            // SAFETY: as above; see write_slot.
+            unsafe { write_slot(slot, s.old, s.relro) };
+            restored += 1;
+        }
+    }
+    saved.1 = 0;
+    Ok(restored)
+}
+
+/// [`restore_all`] could not take the table of changed slots.
+#[derive(Debug, Clone, Copy)]
+pub struct Busy;
+
+/// Whether the word at `a` belongs to a loaded object's writable-or-RELRO data, by asking the
+/// loader which object holds it.
+fn slot_mapped(a: usize) -> bool {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr only looks the address up in the loader's list.
+    unsafe { libc::dladdr(a as *const c_void, &mut info) != 0 }
+}
+
+fn rebind(table: &[Rebind], attach: bool) -> usize {
     let mut info: libc::Dl_info = unsafe_zeroed();
     // SAFETY: dladdr fills `info` for an address inside this library.
     unsafe { libc::dladdr(rebind_all as *const () as *const c_void, &mut info) };
@@ -53,6 +132,7 @@ pub fn rebind_all(table: &[Rebind]) -> usize {
         table,
         own_base: info.dli_fbase as usize,
         rebound: 0,
+        attach,
     };
     // SAFETY: the callback has the right signature and receives our context.
     unsafe { libc::dl_iterate_phdr(Some(callback), &mut ctx as *mut Ctx as *mut c_void) };
@@ -76,7 +156,7 @@ unsafe extern "C" fn callback(
     let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
     let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
     if (base == ctx.own_base && base != 0)
-        || file.starts_with(b"libc.so")
+        || (file.starts_with(b"libc.so") && !ctx.attach)
         || file.starts_with(b"ld-linux")
         || file.starts_with(b"linux-vdso")
     {
@@ -179,6 +259,20 @@ unsafe fn rebind_object(
             // SAFETY: r_offset of a GOT relocation names a mapped, aligned word of the object.
             if unsafe { slot.read_volatile() } != rb.libc {
                 continue;
+            }
+            if ctx.attach {
+                let mut saved = SAVED.lock().unwrap_or_else(|e| e.into_inner());
+                let n = saved.1;
+                if n == MAX_SAVED {
+                    continue; // could not be restored at the detach: left as it is
+                }
+                saved.0[n] = Saved {
+                    slot: slot as usize,
+                    old: rb.libc,
+                    ours: rb.ours,
+                    relro,
+                };
+                saved.1 = n + 1;
             }
             // SAFETY: as above; the slot's page is made writable first (it may lie in the
             // read-only-after-relocation range), and made read-only again if it does.

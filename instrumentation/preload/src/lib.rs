@@ -5,7 +5,8 @@
 //! pvalloc malloc_usable_size`, forwarding to glibc's allocator through its `__libc_*` entry
 //! points (no `dlsym` during start-up), and `dlopen`/`dlclose`, forwarding to the next definition
 //! and then refreshing the module table. C++ `new`/`delete` reach these through libstdc++.
-//! A constructor starts recording as soon as the library is loaded.
+//! A constructor starts recording as soon as the library is loaded; when it is `dlopen`ed by
+//! `heapdump attach` instead, recording starts in the attach entry ([`attach`]).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -16,6 +17,7 @@ use heapdump_instrumentation::hooks::{
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod attach;
 pub mod exec;
 mod got;
 
@@ -254,7 +256,10 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
         )
     };
     if !h.is_null() {
-        if mode & libc::RTLD_DEEPBIND != 0 {
+        if heapdump_instrumentation::attach::attached() {
+            // Attached: the new objects bound the malloc family to glibc's.
+            got::rebind_attached(&rebind_table());
+        } else if mode & libc::RTLD_DEEPBIND != 0 {
             rebind_deepbound();
         }
         heapdump_instrumentation::refresh_modules();
@@ -266,71 +271,160 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
 /// After a `dlopen(…, RTLD_DEEPBIND)`: the new library (and its dependencies) bound the
 /// allocation functions to glibc's; point them at ours (see [`got`]).
 fn rebind_deepbound() {
-    // SAFETY: dlopen of an already loaded library with RTLD_NOLOAD only returns its handle.
-    let libc_h = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    if libc_h.is_null() {
-        return;
-    }
+    let table = rebind_table();
+    got::rebind_all(&table[..ALLOC_FUNCTIONS]);
+}
+
+/// How many entries of [`rebind_table`] are the malloc family (the rest are the `dlopen`,
+/// `dlclose` and exit functions, rebound only by `heapdump attach`).
+const ALLOC_FUNCTIONS: usize = 10;
+
+/// glibc's definition and ours of every function this library exports that a process it
+/// was attached to must call (the malloc family first, [`ALLOC_FUNCTIONS`] of them); an entry
+/// whose glibc definition is not found has `libc` 0 and matches no slot.
+pub(crate) fn rebind_table() -> [got::Rebind; 15] {
+    let libc_h = real_dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
     let glibc = |name: &std::ffi::CStr| -> usize {
+        if libc_h.is_null() {
+            return 0;
+        }
         // SAFETY: a valid handle and a NUL-terminated name.
         unsafe { libc::dlsym(libc_h, name.as_ptr()) as usize }
     };
+    let r = |name: &'static [u8], libc: usize, ours: usize| got::Rebind { name, libc, ours };
+    let own = |name: &std::ffi::CStr, fallback: usize| own_symbol(name).unwrap_or(fallback);
     let table = [
-        got::Rebind {
-            name: b"malloc",
-            libc: glibc(c"malloc"),
-            ours: malloc as *const () as usize,
-        },
-        got::Rebind {
-            name: b"free",
-            libc: glibc(c"free"),
-            ours: free as *const () as usize,
-        },
-        got::Rebind {
-            name: b"calloc",
-            libc: glibc(c"calloc"),
-            ours: calloc as *const () as usize,
-        },
-        got::Rebind {
-            name: b"realloc",
-            libc: glibc(c"realloc"),
-            ours: realloc as *const () as usize,
-        },
-        got::Rebind {
-            name: b"reallocarray",
-            libc: glibc(c"reallocarray"),
-            ours: reallocarray as *const () as usize,
-        },
-        got::Rebind {
-            name: b"posix_memalign",
-            libc: glibc(c"posix_memalign"),
-            ours: posix_memalign as *const () as usize,
-        },
-        got::Rebind {
-            name: b"aligned_alloc",
-            libc: glibc(c"aligned_alloc"),
-            ours: aligned_alloc as *const () as usize,
-        },
-        got::Rebind {
-            name: b"memalign",
-            libc: glibc(c"memalign"),
-            ours: memalign as *const () as usize,
-        },
-        got::Rebind {
-            name: b"valloc",
-            libc: glibc(c"valloc"),
-            ours: valloc as *const () as usize,
-        },
-        got::Rebind {
-            name: b"pvalloc",
-            libc: glibc(c"pvalloc"),
-            ours: pvalloc as *const () as usize,
-        },
+        r(
+            b"malloc",
+            glibc(c"malloc"),
+            own(c"malloc", malloc as *const () as usize),
+        ),
+        r(
+            b"free",
+            glibc(c"free"),
+            own(c"free", free as *const () as usize),
+        ),
+        r(
+            b"calloc",
+            glibc(c"calloc"),
+            own(c"calloc", calloc as *const () as usize),
+        ),
+        r(
+            b"realloc",
+            glibc(c"realloc"),
+            own(c"realloc", realloc as *const () as usize),
+        ),
+        r(
+            b"reallocarray",
+            glibc(c"reallocarray"),
+            reallocarray as *const () as usize,
+        ),
+        r(
+            b"posix_memalign",
+            glibc(c"posix_memalign"),
+            posix_memalign as *const () as usize,
+        ),
+        r(
+            b"aligned_alloc",
+            glibc(c"aligned_alloc"),
+            aligned_alloc as *const () as usize,
+        ),
+        r(
+            b"memalign",
+            glibc(c"memalign"),
+            own(c"memalign", memalign as *const () as usize),
+        ),
+        r(
+            b"valloc",
+            glibc(c"valloc"),
+            own(c"valloc", valloc as *const () as usize),
+        ),
+        r(
+            b"pvalloc",
+            glibc(c"pvalloc"),
+            own(c"pvalloc", pvalloc as *const () as usize),
+        ),
+        r(
+            b"dlopen",
+            glibc(c"dlopen"),
+            own(c"dlopen", dlopen as *const () as usize),
+        ),
+        r(
+            b"dlclose",
+            glibc(c"dlclose"),
+            own(c"dlclose", dlclose as *const () as usize),
+        ),
+        r(
+            b"_exit",
+            glibc(c"_exit"),
+            own(c"_exit", _exit as *const () as usize),
+        ),
+        r(
+            b"_Exit",
+            glibc(c"_Exit"),
+            own(c"_Exit", _Exit as *const () as usize),
+        ),
+        r(
+            b"quick_exit",
+            glibc(c"quick_exit"),
+            own(c"quick_exit", quick_exit as *const () as usize),
+        ),
     ];
-    // SAFETY: the handle came from dlopen above.
-    unsafe { libc::dlclose(libc_h) };
-    let table: Vec<got::Rebind> = table.into_iter().filter(|r| r.libc != 0).collect();
-    got::rebind_all(&table);
+    real_dlclose(libc_h);
+    table
+}
+
+/// This library's own definition of `name`. Taking a function's address in Rust code goes
+/// through the GOT, which holds the first definition in the lookup scope: ours when
+/// preloaded, glibc's when `dlopen`ed by `heapdump attach`; asking the loader with this
+/// library's own handle finds ours in both cases.
+pub(crate) fn own_symbol(name: &std::ffi::CStr) -> Option<usize> {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr fills `info` for an address inside this library.
+    if unsafe { libc::dladdr(own_symbol as *const () as *const c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return None;
+    }
+    let h = real_dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD);
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: a valid handle and a NUL-terminated name; a handle lookup starts at the object.
+    let f = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
+    real_dlclose(h);
+    (f != 0).then_some(f)
+}
+
+/// The loader's `dlopen` (not our hook, which a call to `libc::dlopen` from this library
+/// reaches): for `RTLD_NOLOAD` lookups of loaded libraries.
+fn real_dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    let f = next_symbol(&REAL_DLOPEN, b"dlopen\0");
+    if f == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `f` is the loader's dlopen, of this signature; RTLD_NOLOAD only returns the
+    // handle of a library already loaded.
+    unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void>(f)(
+            file, mode,
+        )
+    }
+}
+
+/// The loader's `dlclose` of a handle from [`real_dlopen`] (null: nothing).
+fn real_dlclose(h: *mut c_void) {
+    let f = next_symbol(&REAL_DLCLOSE, b"dlclose\0");
+    if f == 0 || h.is_null() {
+        return;
+    }
+    // SAFETY: `f` is the loader's dlclose, of this signature; `h` came from real_dlopen.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(h) };
+}
+
+fn unsafe_zeroed<T>() -> T {
+    // SAFETY: only used for plain C structs (Dl_info) for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
 }
 
 /// `dlclose(3)`, then a refresh of the module table.
@@ -428,6 +522,10 @@ fn set_errno(v: c_int) {
 
 extern "C" fn constructor() {
     heapdump_instrumentation::state::set_real_free(__libc_free);
+    if !attach::decide_preloaded() {
+        // `dlopen`ed by `heapdump attach`: recording starts in its entry.
+        return;
+    }
     heapdump_instrumentation::init();
     heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();

@@ -1,0 +1,601 @@
+//! `heapdump attach` and `heapdump detach`: loading the shim into a running process and
+//! starting (or stopping) recording there, through ptrace, without gdb.
+//!
+//! 1. Every thread is stopped ([`ptrace::Held`]). Refused, with nothing changed, for a
+//!    process with no glibc mapped (static binary), one ptrace may not trace, or one that
+//!    has the shim already.
+//! 2. Safe point: no thread may be inside the allocator or the loader, or `dlopen` could
+//!    deadlock on an arena lock or the loader lock, and the heap walk read a heap being
+//!    changed. Each thread's instruction pointer must lie neither in the loader's code nor in
+//!    one of libc's malloc-family functions or loader entry points ([`ALLOCATOR`], their
+//!    dynamic-symbol ranges), nor may the return addresses on its stack (the words from its
+//!    stack pointer up, at most [`STACK_SCAN`] bytes, that follow a call instruction) point
+//!    into those functions (a thread inside `_int_malloc` or waiting for an arena lock has a
+//!    return address into `malloc` there; one holding the loader lock, into `dlopen`, …). Otherwise the
+//!    threads run a few milliseconds and are stopped again, up to `--timeout`.
+//! 3. Two pages are mapped in the target (one thread makes the `mmap` system calls, single
+//!    stepped on a `syscall` instruction of libc: the only moments the target depends on
+//!    heapdump, a few microseconds each, its registers put back right after), the stub
+//!    ([`stub`]) and its data written there, and that thread pointed at the stub: it calls
+//!    `dlopen(shim)` and the shim's attach entry, which walks the heap, creates the region
+//!    and rebinds the GOT slots while the other threads stay stopped, then returns to where
+//!    it was (a system call it was in is restarted, as the kernel would have). From the
+//!    moment it runs the stub the thread needs nothing from heapdump: if heapdump is killed,
+//!    the kernel detaches every thread and the stub still finishes.
+//! 4. When the stub says it is done, every thread is detached, and the entry's answer shown.
+
+mod ptrace;
+mod stub;
+
+use crate::cli::AttachCmd;
+use anyhow::{anyhow, bail, Context, Result};
+use ptrace::Held;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vmo_layout::attach::{AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, STATUS_OK};
+
+/// Bytes of each thread's stack searched for return addresses into the allocator or loader.
+const STACK_SCAN: usize = 64 * 1024;
+
+/// libc's functions a thread must not be inside of at the safe point: the malloc family,
+/// its statistics and tuning (they take the arena locks), `fork` (which holds them around
+/// the system call), and the loader's entry points.
+const ALLOCATOR: &[&str] = &[
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "memalign",
+    "posix_memalign",
+    "aligned_alloc",
+    "valloc",
+    "pvalloc",
+    "malloc_trim",
+    "malloc_usable_size",
+    "mallinfo",
+    "mallinfo2",
+    "malloc_info",
+    "malloc_stats",
+    "mallopt",
+    "__libc_malloc",
+    "__libc_free",
+    "__libc_calloc",
+    "__libc_realloc",
+    "__libc_memalign",
+    "__libc_valloc",
+    "__libc_pvalloc",
+    "fork",
+    "__libc_fork",
+    "_Fork",
+    // The loader's entry points in libc: they hold the loader lock (`dl_iterate_phdr` also
+    // while its callback runs: an unwinder's, the shim's).
+    "dlopen",
+    "dlmopen",
+    "dlclose",
+    "dlsym",
+    "dlvsym",
+    "dladdr",
+    "dladdr1",
+    "dlinfo",
+    "dlerror",
+    "dl_iterate_phdr",
+    "__libc_dlopen_mode",
+    "__libc_dlsym",
+    "__libc_dlvsym",
+    "__libc_dlclose",
+];
+
+/// How long the stub may take (the `dlopen`, the heap walk), at most.
+const STUB_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A mapping of the target.
+#[derive(Debug, Clone)]
+struct Map {
+    start: u64,
+    end: u64,
+    perms: String,
+    offset: u64,
+    path: String,
+}
+
+fn maps(pid: u32) -> Result<Vec<Map>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let (_dev, _inode) = (f.next(), f.next());
+        let path = f.collect::<Vec<_>>().join(" ");
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end), Ok(offset)) = (
+            u64::from_str_radix(a, 16),
+            u64::from_str_radix(b, 16),
+            u64::from_str_radix(off, 16),
+        ) else {
+            continue;
+        };
+        v.push(Map {
+            start,
+            end,
+            perms: perms.to_owned(),
+            offset,
+            path,
+        });
+    }
+    Ok(v)
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// A loaded ELF object of the target: its load bias and its dynamic symbols.
+struct Object {
+    bias: u64,
+    /// (name, address in the target, size).
+    symbols: Vec<(String, u64, u64)>,
+}
+
+impl Object {
+    fn load(pid: u32, maps: &[Map], path: &str) -> Result<Object> {
+        let first = maps
+            .iter()
+            .filter(|m| m.path == path)
+            .min_by_key(|m| m.start)
+            .with_context(|| format!("{path} is not mapped"))?;
+        // The file as the target sees it (its mount namespace).
+        let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let data = std::fs::read(&file)
+            .or_else(|_| std::fs::read(path))
+            .with_context(|| format!("reading {path}"))?;
+        use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+        let elf = object::File::parse(&*data).with_context(|| format!("parsing {path}"))?;
+        let low = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+        let bias = first.start - first.offset - low;
+        let symbols = elf
+            .dynamic_symbols()
+            .filter(|s| s.is_definition())
+            .filter_map(|s| Some((s.name().ok()?.to_owned(), bias + s.address(), s.size())))
+            .collect();
+        Ok(Object { bias, symbols })
+    }
+
+    fn symbol(&self, name: &str) -> Option<u64> {
+        self.symbols.iter().find(|s| s.0 == name).map(|s| s.1)
+    }
+}
+
+/// What the safe point must avoid: address ranges and what they are.
+struct Forbidden(Vec<(u64, u64, String)>);
+
+impl Forbidden {
+    fn find(&self, a: u64) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|r| a >= r.0 && a < r.1)
+            .map(|r| r.2.as_str())
+    }
+}
+
+/// The target, inspected before anything is changed.
+struct Target {
+    libc: Object,
+    forbidden: Forbidden,
+    /// The loader's code: no thread may be executing it (its stack is not searched for
+    /// return addresses into it: stale ones are common, e.g. from lazy binding, and the
+    /// loader's lock is taken through libc's entry points, which are in `forbidden`).
+    loader: Forbidden,
+    /// An address in libc's code holding the bytes of a `syscall` instruction.
+    gadget: u64,
+    /// Whether libheapdump.so is mapped.
+    shim_loaded: bool,
+}
+
+fn inspect(pid: u32, held: &Held) -> Result<Target> {
+    let maps = maps(pid)?;
+    let libc_path = maps
+        .iter()
+        .find(|m| {
+            let f = file_name(&m.path);
+            f.starts_with("libc.so") || f.starts_with("libc-2")
+        })
+        .map(|m| m.path.clone())
+        .ok_or_else(|| {
+            anyhow!(
+                "cannot attach to pid {pid}: it has no glibc mapped (a static binary, or another C \
+                 library); nothing was changed"
+            )
+        })?;
+    let libc = Object::load(pid, &maps, &libc_path)?;
+    let mut forbidden = Vec::new();
+    for name in ALLOCATOR {
+        if let Some(s) = libc.symbols.iter().find(|s| s.0 == *name) {
+            forbidden.push((s.1, s.1 + s.2.max(1), format!("libc's {name}")));
+        }
+    }
+    let shim_loaded = maps.iter().any(|m| file_name(&m.path) == "libheapdump.so");
+    let mut loader = Vec::new();
+    for m in &maps {
+        let f = file_name(&m.path);
+        if !m.perms.contains('x') {
+            continue;
+        }
+        if f.starts_with("ld-linux") || f.starts_with("ld-2.") || f.starts_with("ld.so") {
+            loader.push((m.start, m.end, "the dynamic loader".into()));
+        }
+    }
+    // A `syscall` instruction (0f 05) in libc's code.
+    let mut gadget = 0;
+    for m in maps
+        .iter()
+        .filter(|m| m.path == libc_path && m.perms.contains('x'))
+    {
+        let mut buf = vec![0u8; (m.end - m.start) as usize];
+        let n = held.read(m.start, &mut buf);
+        if let Some(i) = buf[..n].windows(2).position(|w| w == [0x0f, 0x05]) {
+            gadget = m.start + i as u64;
+            break;
+        }
+    }
+    if gadget == 0 {
+        bail!("cannot attach to pid {pid}: no system call instruction found in its libc");
+    }
+    Ok(Target {
+        libc,
+        forbidden: Forbidden(forbidden),
+        loader: Forbidden(loader),
+        gadget,
+        shim_loaded,
+    })
+}
+
+/// Whether the code before `ret` (a candidate return address) ends with a call instruction.
+fn after_call(held: &Held, ret: u64) -> bool {
+    let mut b = [0u8; 7];
+    if ret < 7 || held.read(ret - 7, &mut b) != 7 {
+        return false;
+    }
+    // call rel32; call r/m64 (ff /2) in its 2-, 3-, 6- and 7-byte forms.
+    b[2] == 0xe8
+        || (b[5] == 0xff && (b[6] >> 3) & 7 == 2)
+        || (b[4] == 0xff && (b[5] >> 3) & 7 == 2)
+        || (b[1] == 0xff && (b[2] >> 3) & 7 == 2)
+        || (b[0] == 0xff && (b[1] >> 3) & 7 == 2)
+}
+
+/// The first thread found inside the allocator or the loader, and where; `None` at a safe
+/// point.
+fn unsafe_thread(held: &Held, t: &Target) -> Option<String> {
+    for th in &held.threads {
+        if let Some(what) = t.forbidden.find(th.regs.rip).or(t.loader.find(th.regs.rip)) {
+            return Some(format!("thread {} is executing {what}", th.tid));
+        }
+        let mut stack = vec![0u8; STACK_SCAN];
+        let n = held.read(th.regs.rsp, &mut stack);
+        for (i, w) in stack[..n - n % 8].chunks_exact(8).enumerate() {
+            let a = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            if let Some(what) = t.forbidden.find(a) {
+                if after_call(held, a) {
+                    return Some(format!(
+                        "thread {} is inside {what} (return address {a:#x} at sp+{:#x})",
+                        th.tid,
+                        i * 8
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Finds the target's pid.
+fn resolve(a: &AttachCmd) -> Result<u32> {
+    if let Some(p) = a.by_pid {
+        return Ok(p);
+    }
+    let name = a.by_name.as_deref().unwrap_or_default();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            if c.trim_end() == name {
+                found.push(pid);
+            }
+        }
+    }
+    match found.as_slice() {
+        [p] => Ok(*p),
+        [] => bail!("no process named {name}"),
+        many => bail!(
+            "{} processes are named {name} ({many:?}): use --by-pid",
+            many.len()
+        ),
+    }
+}
+
+fn shim_path(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("HEAPDUMP_LIB").map(PathBuf::from))
+    {
+        return std::fs::canonicalize(&p).with_context(|| format!("shim {}", p.display()));
+    }
+    let exe = std::env::current_exe().context("cannot find the heapdump executable")?;
+    let dir = exe
+        .parent()
+        .context("heapdump executable has no directory")?;
+    for cand in [
+        dir.join("libheapdump.so"),
+        dir.join("../lib/libheapdump.so"),
+        dir.join("../libheapdump.so"),
+    ] {
+        if cand.exists() {
+            return Ok(std::fs::canonicalize(cand)?);
+        }
+    }
+    bail!(
+        "cannot find libheapdump.so next to {} (build it with `cargo build --release`, or pass --lib)",
+        exe.display()
+    )
+}
+
+/// The collector's `HEAPDUMP_*` settings, passed to the shim instead of the target's
+/// environment: NUL-terminated `NAME=VALUE` entries.
+fn settings_env() -> Vec<u8> {
+    let mut v = Vec::new();
+    for (k, val) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("HEAPDUMP_") && k != "HEAPDUMP_LIB" && !k.starts_with("HEAPDUMP_TEST_") {
+            v.extend_from_slice(k.as_bytes());
+            v.push(b'=');
+            v.extend_from_slice(val.to_string_lossy().as_bytes());
+            v.push(0);
+        }
+    }
+    v
+}
+
+/// Test hook: with `HEAPDUMP_TEST_ATTACH_PAUSE=FILE`, creates FILE once the target runs the
+/// stub and waits (up to 60 s) for it to be removed: a test kills heapdump meanwhile.
+fn test_pause() {
+    let Some(file) = std::env::var_os("HEAPDUMP_TEST_ATTACH_PAUSE") else {
+        return;
+    };
+    let file = PathBuf::from(file);
+    if std::fs::write(&file, b"").is_err() {
+        return;
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    while file.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `heapdump attach`.
+pub fn attach(a: &AttachCmd) -> Result<()> {
+    let pid = resolve(a)?;
+    let shim = shim_path(a.lib.as_deref())?;
+    let (answer, took) = call(pid, a, &shim, ATTACH_ENTRY, libc::RTLD_NOW as u64, false)?;
+    let note = String::from_utf8_lossy(answer.message()).into_owned();
+    if answer.status != STATUS_OK {
+        bail!("cannot attach to pid {pid}: {note}");
+    }
+    println!(
+        "attached to pid {pid} in {:.3} s: {} blocks ({} bytes) live before the attach recorded; {} GOT slots rebound",
+        took.as_secs_f64(),
+        answer.blocks,
+        answer.bytes,
+        answer.slots
+    );
+    println!(
+        "glibc's own count then (mallinfo2): {} bytes in chunks in use in its arenas, {} bytes in {} mmapped chunks",
+        answer.mallinfo[0], answer.mallinfo[1], answer.mallinfo[2]
+    );
+    if !note.is_empty() {
+        eprintln!("heapdump: note: {note}");
+    }
+    Ok(())
+}
+
+/// `heapdump detach`.
+pub fn detach(a: &AttachCmd) -> Result<()> {
+    let pid = resolve(a)?;
+    let shim = shim_path(a.lib.as_deref())?;
+    let mode = (libc::RTLD_NOW | libc::RTLD_NOLOAD) as u64;
+    let (answer, took) = call(pid, a, &shim, DETACH_ENTRY, mode, true)?;
+    if answer.status != STATUS_OK {
+        bail!(
+            "cannot detach from pid {pid}: {}",
+            String::from_utf8_lossy(answer.message())
+        );
+    }
+    println!(
+        "detached from pid {pid} in {:.3} s: {} GOT slots restored; recording stopped (the region stays readable)",
+        took.as_secs_f64(),
+        answer.slots
+    );
+    Ok(())
+}
+
+/// Stops `pid` at a safe point and makes one thread call `entry` of `shim` (opened with
+/// `mode`); returns the entry's answer and how long the target was held.
+fn call(
+    pid: u32,
+    a: &AttachCmd,
+    shim: &Path,
+    entry: &[u8],
+    mode: u64,
+    for_detach: bool,
+) -> Result<(AttachArgs, Duration)> {
+    let xsave = stub::xsave_size().context("this CPU has no xsave: attach is not supported")?;
+    let shim_s = shim.to_str().context("the shim's path is not UTF-8")?;
+    if shim_s.len() > 500 {
+        bail!("the shim's path is longer than 500 bytes");
+    }
+    if pid == std::process::id() {
+        bail!("heapdump cannot attach to itself");
+    }
+    let started = Instant::now();
+    let mut held = Held::stop(pid)?;
+    let target = inspect(pid, &held)?;
+    if !for_detach && target.shim_loaded {
+        bail!(
+            "cannot attach to pid {pid}: libheapdump.so is loaded there already (started under \
+             heapdump, or attached before); nothing was changed"
+        );
+    }
+    if for_detach && !target.shim_loaded {
+        bail!("heapdump is not attached to pid {pid} (libheapdump.so is not loaded there)");
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(a.timeout.max(0.0));
+    loop {
+        match unsafe_thread(&held, &target) {
+            None => break,
+            Some(why) if Instant::now() >= deadline => bail!(
+                "cannot attach to pid {pid} safely: {why} for longer than {} s; nothing was changed",
+                a.timeout
+            ),
+            Some(_) => held.let_run(Duration::from_millis(3))?,
+        }
+    }
+    let (Some(dlopen), Some(dlsym), Some(dlerror)) = (
+        target.libc.symbol("dlopen"),
+        target.libc.symbol("dlsym"),
+        target.libc.symbol("dlerror"),
+    ) else {
+        bail!("cannot attach to pid {pid}: its libc has no dlopen (glibc older than 2.34)");
+    };
+    let _ = target.libc.bias;
+    // The main thread when it is held (its stack is the largest), else the first.
+    let tid = held
+        .threads
+        .iter()
+        .find(|t| t.tid == pid)
+        .or(held.threads.first())
+        .map(|t| t.tid)
+        .context("no thread held")?;
+    let page = 4096u64;
+    let mmap = |held: &mut Held, prot: i32| -> Result<u64> {
+        let r = held.syscall(
+            tid,
+            target.gadget,
+            libc::SYS_mmap as u64,
+            [
+                0,
+                page,
+                prot as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        if r < 0 && r > -4096 {
+            bail!(
+                "mmap in pid {pid} failed: {}",
+                std::io::Error::from_raw_os_error(-r as i32)
+            );
+        }
+        Ok(r as u64)
+    };
+    let data = mmap(&mut held, libc::PROT_READ | libc::PROT_WRITE)?;
+    let code = mmap(&mut held, libc::PROT_READ | libc::PROT_EXEC)?;
+    // Where the thread resumes: a system call it was interrupted in is restarted (by the
+    // stub's return to the `syscall` instruction with the call's number), as the kernel
+    // would have restarted it.
+    let regs = held.thread(tid)?.regs;
+    let mut run = regs;
+    let mut ret = regs.rip;
+    let err = regs.rax as i64;
+    if (regs.orig_rax as i64) >= 0 && matches!(err, -512 | -513 | -514 | -516) {
+        ret = regs.rip - 2;
+        run.rax = if err == -516 {
+            libc::SYS_restart_syscall as u64
+        } else {
+            regs.orig_rax
+        };
+    }
+    run.orig_rax = u64::MAX;
+    run.rip = code;
+    let mut page_bytes = vec![0u8; page as usize];
+    page_bytes[stub::DATA_PATH..stub::DATA_PATH + shim_s.len()].copy_from_slice(shim_s.as_bytes());
+    page_bytes[stub::DATA_SYMBOL..stub::DATA_SYMBOL + entry.len()].copy_from_slice(entry);
+    let args = AttachArgs::new(&settings_env());
+    // SAFETY: AttachArgs is a repr(C) struct of integers and byte arrays: all its bytes are
+    // initialised.
+    let args_bytes = unsafe {
+        std::slice::from_raw_parts(
+            &args as *const AttachArgs as *const u8,
+            std::mem::size_of::<AttachArgs>(),
+        )
+    };
+    page_bytes[stub::DATA_ARGS..stub::DATA_ARGS + args_bytes.len()].copy_from_slice(args_bytes);
+    held.write(data, &page_bytes)?;
+    held.write(
+        code,
+        &stub::code(&stub::Slots {
+            ret,
+            data,
+            dlopen,
+            dlsym,
+            dlerror,
+            xsave,
+            mode,
+        }),
+    )?;
+    held.resume(tid, &run)?;
+    test_pause();
+    let until = Instant::now() + STUB_TIMEOUT;
+    loop {
+        if held.word(data + stub::DATA_DONE as u64) == Some(1) {
+            break;
+        }
+        held.poll(tid)?;
+        if Instant::now() >= until {
+            bail!(
+                "pid {pid} did not finish loading the shim within {} s (stage {}); it was left running",
+                STUB_TIMEOUT.as_secs(),
+                held.word(data + stub::DATA_STAGE as u64).unwrap_or(0)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let stage = held.word(data + stub::DATA_STAGE as u64).unwrap_or(0);
+    let mut answer = args;
+    // SAFETY: as above; the bytes read back are an AttachArgs the shim wrote (plain data).
+    let answer_bytes = unsafe {
+        std::slice::from_raw_parts_mut(
+            &mut answer as *mut AttachArgs as *mut u8,
+            std::mem::size_of::<AttachArgs>(),
+        )
+    };
+    held.read(data + stub::DATA_ARGS as u64, answer_bytes);
+    let took = started.elapsed();
+    if stage != 4 {
+        let msg = held
+            .word(data + stub::DATA_DLERROR as u64)
+            .filter(|p| *p != 0)
+            .map(|p| {
+                let mut b = vec![0u8; 512];
+                let n = held.read(p, &mut b);
+                let end = b[..n].iter().position(|c| *c == 0).unwrap_or(n);
+                String::from_utf8_lossy(&b[..end]).into_owned()
+            })
+            .unwrap_or_default();
+        drop(held);
+        let what = if stage == 1 { "dlopen" } else { "dlsym" };
+        bail!("cannot attach to pid {pid}: {what} failed in the process: {msg}");
+    }
+    drop(held);
+    Ok((answer, took))
+}

@@ -1,0 +1,567 @@
+//! `heapdump attach` / `detach` on programs started without the shim
+//! (`examples/c/attach_target.c`): the blocks live before the attach, the ones made after,
+//! frees of old blocks, a leak planted before the attach, detach, refusals, and heapdump
+//! killed in the middle of an attach.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+const BEFORE: &str = "heapdump_live_before_attach";
+/// Usable size of the program's 10 blocks of their own mapping.
+const MMAPPED_USABLE: u64 = 50 * 4096 - 16;
+
+/// The attach target, started without the shim; `tunables` for GLIBC_TUNABLES.
+fn target(dir: &Path, tunables: Option<&str>) -> Running {
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let mut cmd = Command::new(exe);
+    if let Some(t) = tunables {
+        cmd.env("GLIBC_TUNABLES", t);
+    }
+    start(cmd, dir, false)
+}
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+}
+
+fn send(r: &mut Running, c: &str) {
+    let i = r.stdin.as_mut().unwrap();
+    i.write_all(c.as_bytes()).unwrap();
+    i.flush().unwrap();
+}
+
+/// Per-block samples of a `--with-tags` profile: address → (bytes, functions of the leaf
+/// location).
+fn per_block(profile: &Path) -> BTreeMap<u64, (u64, Vec<String>)> {
+    let p = decode(profile);
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let mut out = BTreeMap::new();
+    for x in &p.sample {
+        let get = |k: &str| x.label.iter().find(|l| s(l.key) == k);
+        let Some(a) = get("address") else { continue };
+        let bytes = get("bytes").expect("bytes label").num as u64;
+        let leaf: Vec<String> = x
+            .location_id
+            .first()
+            .and_then(|id| p.location.iter().find(|l| l.id == *id))
+            .map(|l| {
+                l.line
+                    .iter()
+                    .filter_map(|ln| p.function.iter().find(|f| f.id == ln.function_id))
+                    .map(|f| s(f.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.insert(a.num as u64, (bytes, leaf));
+    }
+    out
+}
+
+fn attach(dir: &Path, pid: u32) -> String {
+    let (ok, so, se) = heapdump_cmd(dir, &["attach", "--by-pid", &pid.to_string()]);
+    assert!(ok, "attach failed: {so}{se}");
+    so
+}
+
+/// The kept blocks' addresses and usable sizes (what a block found by the walk is recorded
+/// with: the program's request for the small ones, which the program chose so; a page
+/// rounding more for those of their own mapping: 49 * 4096 - 16 asked, 50 pages mapped),
+/// the freed blocks' addresses, and the program's mallinfo2 (uordblks, hblkhd, hblks).
+fn program_blocks(r: &mut Running) -> (Vec<(u64, u64)>, Vec<u64>, [u64; 3]) {
+    let mi: Vec<u64> = r
+        .wait_line("mallinfo")
+        .iter()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let held: Vec<u64> = r.wait_line("held").iter().map(|x| hex(x)).collect();
+    let freed: Vec<u64> = r.wait_line("freed").iter().map(|x| hex(x)).collect();
+    assert_eq!(held.len(), 1110);
+    assert_eq!(freed.len(), 60);
+    let sizes = (0..1110u64).map(|i| {
+        if i < 1100 {
+            24 + 16 * (i % 40)
+        } else {
+            MMAPPED_USABLE
+        }
+    });
+    (
+        held.into_iter().zip(sizes).collect(),
+        freed,
+        [mi[0], mi[1], mi[2]],
+    )
+}
+
+/// The blocks live before the attach are all there with their sizes (and none of the freed
+/// ones, which sit in the per-thread caches and fastbins); the 100 made after are exact with
+/// their stacks; frees of old blocks close their records; the planted leak is found.
+#[test]
+fn attach_sees_old_and_new_blocks() {
+    if !can_run("attach_sees_old_and_new_blocks") {
+        return;
+    }
+    let dir = region_dir("attach-old-new");
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    let leak = hex(&r.ready[3]);
+    let (held, freed, _) = program_blocks(&mut r);
+    let out = attach(&dir, pid);
+    assert!(out.contains("attached to pid"), "{out}");
+    send(&mut r, "m");
+    let more: Vec<u64> = r.wait_line("more").iter().map(|x| hex(x)).collect();
+    assert_eq!(more.len(), 100);
+    let prof = snapshot(&dir, pid, &["--with-tags"]);
+    let blocks = per_block(&prof);
+    for (a, size) in &held {
+        let (b, leaf) = blocks
+            .get(a)
+            .unwrap_or_else(|| panic!("block {a:#x} live before the attach is missing"));
+        assert_eq!(b, size, "usable size of {a:#x}");
+        assert_eq!(leaf, &[BEFORE.to_owned()], "stack of {a:#x}");
+    }
+    // A freed block's memory may have been handed out again by the attach's own `dlopen`
+    // (then it is a live block of another size): none is reported as the block it was.
+    for (i, a) in freed.iter().enumerate() {
+        let size = if i % 2 == 1 { 968 } else { 120 };
+        if let Some(b) = blocks.get(a) {
+            assert_ne!(b.0, size, "freed block {a:#x} reported live");
+        }
+    }
+    assert_eq!(
+        blocks.get(&leak).map(|b| b.0),
+        Some(1000),
+        "the planted leak"
+    );
+    for (i, a) in more.iter().enumerate() {
+        let (b, leaf) = blocks
+            .get(a)
+            .unwrap_or_else(|| panic!("new block {a:#x} missing"));
+        assert_eq!(*b, 100 + i as u64, "size of new block {i}");
+        assert!(
+            leaf.iter().any(|f| f == "make_more"),
+            "stack of new block: {leaf:?}"
+        );
+    }
+    let new = blocks
+        .values()
+        .filter(|b| !b.1.iter().any(|f| f == BEFORE))
+        .count();
+    assert_eq!(new, 100, "blocks recorded after the attach");
+
+    // The leak made before the attach is found.
+    let (ok, so, se) = heapdump_cmd(&dir, &["leaks", "--by-pid", &pid.to_string()]);
+    assert!(ok, "leaks: {so}{se}");
+    assert!(
+        so.contains("Direct leak of 1000 byte(s) in 1 object(s)") && so.contains(BEFORE),
+        "{so}"
+    );
+
+    // Frees of blocks allocated before the attach go to glibc and close their records.
+    send(&mut r, "f");
+    r.wait_line("freed10");
+    let blocks = per_block(&snapshot(&dir, pid, &["--with-tags"]));
+    for (a, _) in &held[..10] {
+        assert!(
+            !blocks.contains_key(a),
+            "old block {a:#x} freed after the attach is live"
+        );
+    }
+    for (a, _) in &held[10..] {
+        assert!(blocks.contains_key(a), "old block {a:#x} missing");
+    }
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// With the per-thread caches off, glibc's own count (mallinfo2, taken by the shim right
+/// before the walk) is exactly the walk's: chunk bytes of the blocks found in the arenas
+/// (usable size + 8) and in their own mappings (usable size + 16).
+#[test]
+fn attach_walk_matches_mallinfo2() {
+    if !can_run("attach_walk_matches_mallinfo2") {
+        return;
+    }
+    let dir = region_dir("attach-mallinfo");
+    let mut r = target(&dir, Some("glibc.malloc.tcache_count=0"));
+    let pid = r.pid();
+    let (held, _, program_mi) = program_blocks(&mut r);
+    let out = attach(&dir, pid);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("glibc's own count then"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let nums: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [uord, hblkhd, hblks] = [nums[0], nums[1], nums[2]];
+    assert_eq!((hblkhd, hblks), (program_mi[1], program_mi[2]), "{line}");
+    assert_eq!(hblks, 10);
+    let blocks = per_block(&snapshot(&dir, pid, &["--with-tags"]));
+    let before: Vec<(u64, u64)> = blocks
+        .iter()
+        .filter(|(_, b)| b.1.iter().any(|f| f == BEFORE))
+        .map(|(a, b)| (*a, b.0))
+        .collect();
+    let mmapped: Vec<&(u64, u64)> = before.iter().filter(|b| b.1 == MMAPPED_USABLE).collect();
+    assert_eq!(mmapped.len() as u64, hblks);
+    assert_eq!(mmapped.iter().map(|b| b.1 + 16).sum::<u64>(), hblkhd);
+    let arena: u64 = before
+        .iter()
+        .filter(|b| b.1 != MMAPPED_USABLE)
+        .map(|b| b.1 + 8)
+        .sum();
+    assert_eq!(
+        arena, uord,
+        "chunk bytes in the arenas, walked vs mallinfo2"
+    );
+    // The program's blocks are among them, and the attach's own `dlopen` made the rest.
+    assert!(held.iter().all(|(a, _)| blocks.contains_key(a)));
+    assert!(uord >= program_mi[0], "{uord} < {}", program_mi[0]);
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// After `detach` the program's allocations are no longer recorded, the region stays
+/// readable, and the program exits 0.
+#[test]
+fn detach_stops_recording() {
+    if !can_run("detach_stops_recording") {
+        return;
+    }
+    let dir = region_dir("attach-detach");
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    attach(&dir, pid);
+    let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
+    assert!(ok, "detach failed: {so}{se}");
+    assert!(so.contains("GOT slots restored"), "{so}");
+    send(&mut r, "m");
+    let more: Vec<u64> = r.wait_line("more").iter().map(|x| hex(x)).collect();
+    let blocks = per_block(&snapshot(&dir, pid, &["--with-tags"]));
+    assert!(
+        blocks.len() >= 1111,
+        "the heap at the detach: {} blocks",
+        blocks.len()
+    );
+    for a in &more {
+        assert!(
+            !blocks.contains_key(a),
+            "block {a:#x} made after the detach was recorded"
+        );
+    }
+    // A second detach is refused, and the program is unharmed.
+    let (ok, _, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
+    assert!(!ok && se.contains("not attached"), "{se}");
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// Refusals leave the program as it was: a process started under the shim already, and one
+/// with no glibc (a static binary), each in one line.
+#[test]
+fn attach_refuses_cleanly() {
+    if !can_run("attach_refuses_cleanly") {
+        return;
+    }
+    let dir = region_dir("attach-refuse");
+    // Already instrumented (preloaded).
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let mut r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    let (ok, _, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &pid.to_string()]);
+    assert!(!ok, "attach to a preloaded process succeeded");
+    assert!(
+        se.contains("loaded there already") && se.contains("nothing was changed"),
+        "{se}"
+    );
+    assert_eq!(se.trim_end().lines().count(), 1, "{se}");
+    send(&mut r, "m");
+    assert_eq!(r.wait_line("more").len(), 100);
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+
+    // A static binary.
+    let src = root().join("examples/c/attach_target.c");
+    let out = target_dir().join("test-bins/attach_target_static");
+    let built = Command::new("cc")
+        .args(["-O1", "-static", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !built {
+        println!("skipped: attach_refuses_cleanly (static part): cc -static failed (no libc.a)");
+        return;
+    }
+    let mut r = start(Command::new(&out), &dir, false);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    let (ok, _, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &pid.to_string()]);
+    assert!(!ok && se.contains("no glibc mapped"), "{se}");
+    send(&mut r, "m");
+    assert_eq!(r.wait_line("more").len(), 100);
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// heapdump killed (SIGKILL) while the target runs the stub: the program goes on as if
+/// nothing happened, and exits 0.
+#[test]
+fn attach_killed_midway_leaves_program_running() {
+    if !can_run("attach_killed_midway_leaves_program_running") {
+        return;
+    }
+    let dir = region_dir("attach-killed");
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    let pause = dir.with_extension("pause");
+    let _ = std::fs::remove_file(&pause);
+    let mut hd = Command::new(heapdump())
+        .args(["attach", "--by-pid", &pid.to_string()])
+        .env("HEAPDUMP_DIR", &dir)
+        .env("HEAPDUMP_TEST_ATTACH_PAUSE", &pause)
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !pause.exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "heapdump never reached the pause"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    hd.kill().unwrap();
+    hd.wait().unwrap();
+    let _ = std::fs::remove_file(&pause);
+    send(&mut r, "m");
+    assert_eq!(r.wait_line("more").len(), 100);
+    send(&mut r, "f");
+    r.wait_line("freed10");
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// Attach and detach while 4 threads churn malloc/realloc/free at full speed: no deadlock
+/// (the safe point is found and the `dlopen` finishes), every block keeps what was written
+/// (each thread's rounds all sum the same), and the program's output and exit status are
+/// those of a run without heapdump. Several processes, one attach/detach cycle each (a
+/// detached process cannot be attached again: the shim stays loaded).
+#[test]
+fn attach_detach_under_churn() {
+    if !can_run("attach_detach_under_churn") {
+        return;
+    }
+    let exe = compile_c("attach_churn", &[]);
+    let run = |attach: bool, cycle: u32| -> String {
+        let dir = region_dir("attach-churn");
+        let mut r = start(Command::new(&exe), &dir, false);
+        let pid = r.pid().to_string();
+        if attach {
+            let (ok, so, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &pid, "--timeout", "20"]);
+            assert!(ok, "cycle {cycle}: attach failed: {so}{se}");
+            let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid, "--timeout", "20"]);
+            assert!(ok, "cycle {cycle}: detach failed: {so}{se}");
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        send(&mut r, "q");
+        let out = r.wait_line("sum");
+        assert_eq!(r.finish(), 0, "cycle {cycle}: exit status");
+        out.join(" ")
+    };
+    let expected = run(false, 0);
+    assert!(expected.ends_with(" bad 0"), "{expected}");
+    for cycle in 0..5 {
+        assert_eq!(run(true, cycle), expected, "cycle {cycle}: output changed");
+    }
+}
+
+/// python3 started without the shim: attach, then objects made in a Python function are
+/// recorded under that function (the shim's CPython support found the interpreter at the
+/// attach), the blocks live before are there, and detach lets it exit 0.
+#[test]
+fn attach_to_python3() {
+    let py = Path::new("/usr/bin/python3");
+    if !py.exists() {
+        println!("skipped: attach_to_python3: no /usr/bin/python3");
+        return;
+    }
+    let dir = region_dir("attach-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("attach.py");
+    std::fs::write(
+        &script,
+        "import os, sys\n\
+         kept = [str(i) * 100 for i in range(20000)]\n\
+         def big():\n    return [bytes(10000 + i % 7) for i in range(1000)]\n\
+         print('ready', os.getpid(), flush=True)\n\
+         for line in sys.stdin:\n\
+         \x20   if line.startswith('m'):\n\
+         \x20       y = big()\n\
+         \x20       print('more', len(y), flush=True)\n\
+         \x20   elif line.startswith('q'):\n\
+         \x20       break\n\
+         print('bye', len(kept), flush=True)\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(py);
+    cmd.arg(&script);
+    let mut r = start(cmd, &dir, false);
+    let pid = r.pid();
+    let out = attach(&dir, pid);
+    let before: u64 = out
+        .split_whitespace()
+        .skip_while(|w| *w != "s:")
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(before > 1000, "blocks live before the attach: {out}");
+    send(&mut r, "m\n");
+    assert_eq!(r.wait_line("more"), ["1000"]);
+    let p = decode(&snapshot(&dir, pid, &[]));
+    let big = locations_of(&p, "big");
+    let (mut n, mut bytes) = (0i64, 0i64);
+    for s in &p.sample {
+        if s.location_id.iter().any(|l| big.contains(l)) && s.value[3] / s.value[2].max(1) >= 10_000
+        {
+            n += s.value[2];
+            bytes += s.value[3];
+        }
+    }
+    // PyBytesObject: 32 bytes of header and the payload's NUL.
+    let want: i64 = (0..1000).map(|i| 10_000 + i % 7 + 33).sum();
+    assert_eq!(
+        (n, bytes),
+        (1000, want),
+        "objects made in big() after the attach"
+    );
+    let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
+    assert!(ok, "detach: {so}{se}");
+    send(&mut r, "q\n");
+    assert_eq!(r.wait_line("bye"), ["20000"]);
+    assert_eq!(r.finish(), 0);
+}
+
+/// ptrace denied (heapdump run as another user, `nobody`, against a root process): refused in
+/// one line naming `kernel.yama.ptrace_scope` and `CAP_SYS_PTRACE`; the program runs on.
+#[test]
+fn attach_refuses_without_ptrace_rights() {
+    if !can_run("attach_refuses_without_ptrace_rights") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        println!("skipped: attach_refuses_without_ptrace_rights: needs root and setpriv");
+        return;
+    }
+    let dir = region_dir("attach-denied");
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(heapdump())
+        .args(["attach", "--by-pid", &pid.to_string()])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "attach as nobody succeeded");
+    assert!(
+        se.contains("ptrace refused")
+            && se.contains("kernel.yama.ptrace_scope")
+            && se.contains("CAP_SYS_PTRACE")
+            && se.contains("nothing was changed"),
+        "{se}"
+    );
+    assert_eq!(se.trim_end().lines().count(), 1, "{se}");
+    send(&mut r, "m");
+    assert_eq!(r.wait_line("more").len(), 100);
+    send(&mut r, "q");
+    assert_eq!(r.finish(), 0);
+}
+
+/// A thread stuck inside the allocator (malloc_stats blocked writing to a full pipe while it
+/// holds the arena lock): refused after --timeout in one line naming it; the shim is not
+/// loaded and no thread is left stopped.
+#[test]
+fn attach_refuses_a_thread_stuck_in_the_allocator() {
+    if !can_run("attach_refuses_a_thread_stuck_in_the_allocator") {
+        return;
+    }
+    let dir = region_dir("attach-stuck");
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let mut cmd = Command::new(exe);
+    // stderr: a pipe nobody reads.
+    let (rd, wr) = {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        (fds[0], fds[1])
+    };
+    // SAFETY: `wr` is a descriptor we own, given to the child as its stderr.
+    cmd.stderr(unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(wr) });
+    cmd.env("HEAPDUMP_DIR", &dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let pid = loop {
+        let l = lines.next().unwrap().unwrap();
+        if let Some(rest) = l.strip_prefix("ready ") {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u32>()
+                .unwrap();
+        }
+    };
+    stdin.write_all(b"s").unwrap();
+    stdin.flush().unwrap();
+    while lines.next().unwrap().unwrap() != "stuck" {}
+    let (ok, _, se) = heapdump_cmd(
+        &dir,
+        &["attach", "--by-pid", &pid.to_string(), "--timeout", "0.5"],
+    );
+    assert!(!ok, "attach succeeded with a thread stuck in the allocator");
+    assert!(
+        se.contains("malloc_stats") && se.contains("nothing was changed"),
+        "{se}"
+    );
+    assert_eq!(se.trim_end().lines().count(), 1, "{se}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libheapdump.so"), "the shim was loaded");
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let st = std::fs::read_to_string(t.path().join("stat")).unwrap();
+        let state = st
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned();
+        assert!(
+            state != "t" && state != "T",
+            "thread {:?} left stopped",
+            t.file_name()
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // SAFETY: our end of the pipe, closed once.
+    unsafe { libc::close(rd) };
+}

@@ -1,0 +1,160 @@
+//! The entries `heapdump attach` and `heapdump detach` call in a running process (after
+//! `dlopen`ing this library there, with every other thread stopped outside the allocator and
+//! the loader): [`heapdump_attach_start`] starts recording (see
+//! `heapdump_instrumentation::attach`) and points every loaded object's malloc-family GOT
+//! slots at this library's functions (libc's own slots too); [`heapdump_attach_stop`] puts
+//! them back and stops recording. Both answer in the [`AttachArgs`] they are given.
+
+use crate::got;
+use heapdump_instrumentation::attach as core;
+use std::sync::atomic::{AtomicBool, Ordering};
+use vmo_layout::attach::{AttachArgs, ENV_BYTES, MAGIC, STATUS_FAILED, STATUS_OK};
+
+/// The settings the collector passed, kept for the life of the process (the region module
+/// reads them instead of the environment).
+static mut ENV: [u8; ENV_BYTES] = [0; ENV_BYTES];
+/// Whether this library was loaded by `LD_PRELOAD` (decided by its constructor).
+pub(crate) static PRELOADED: AtomicBool = AtomicBool::new(true);
+
+/// The single frame of the blocks that were live before the attach: the collector names
+/// them by this function's name. Never called.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn heapdump_live_before_attach() -> u64 {
+    std::hint::black_box(0x6865_6170_6475_6d70)
+}
+
+/// Starts recording in this (running) process: see the module docs. Answers in `args`.
+///
+/// # Safety
+/// `args` points to a writable [`AttachArgs`]; every other thread of the process is stopped
+/// outside the allocator and the loader.
+#[no_mangle]
+pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
+    // SAFETY: per the contract.
+    let a = unsafe { &mut *args };
+    if a.magic != MAGIC {
+        return;
+    }
+    if PRELOADED.load(Ordering::Acquire) {
+        a.set_message(&[b"the process records already (libheapdump.so is preloaded)"]);
+        a.status = STATUS_FAILED;
+        return;
+    }
+    let n = (a.env_len as usize).min(ENV_BYTES);
+    // SAFETY: written only here, before the region module may read it, by the one thread
+    // that runs now; the attach runs at most once (later calls fail in `core::start`, which
+    // is checked before the copy can matter: ENV is read only during the first start).
+    let env: &'static [u8] = unsafe {
+        let env = &mut *std::ptr::addr_of_mut!(ENV);
+        if !core::attached() {
+            env[..n].copy_from_slice(&a.env[..n]);
+        }
+        &env[..n]
+    };
+    let marker = crate::own_symbol(c"heapdump_live_before_attach").unwrap_or(0) as u64 + 1;
+    match core::start(env, marker) {
+        Ok(s) => {
+            heapdump_instrumentation::refresh_modules();
+            heapdump_instrumentation::python::detect();
+            a.blocks = s.blocks;
+            a.bytes = s.bytes;
+            a.mallinfo = s.mallinfo;
+            a.slots = got::rebind_attached(&crate::rebind_table()) as u64;
+            if let Some(why) = s.heap_not_walked {
+                a.set_message(&[
+                    b"the blocks live before the attach are not recorded: ",
+                    why.as_bytes(),
+                ]);
+            }
+            a.status = STATUS_OK;
+        }
+        Err(e) => {
+            a.set_message(&[e.message()]);
+            a.status = STATUS_FAILED;
+        }
+    }
+}
+
+/// Stops recording in a process this library was attached to: restores the GOT slots the
+/// attach changed, then marks the region as a process that is gone (it stays readable).
+///
+/// # Safety
+/// As [`heapdump_attach_start`].
+#[no_mangle]
+pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
+    // SAFETY: per the contract.
+    let a = unsafe { &mut *args };
+    if a.magic != MAGIC {
+        return;
+    }
+    if !core::attached() {
+        a.set_message(&[b"heapdump is not attached to this process"]);
+        a.status = STATUS_FAILED;
+        return;
+    }
+    match got::restore_all() {
+        Ok(n) => a.slots = n as u64,
+        Err(got::Busy) => {
+            a.set_message(&[b"a thread was rebinding the GOT after a dlopen: try again"]);
+            a.status = STATUS_FAILED;
+            return;
+        }
+    }
+    core::stop();
+    a.status = STATUS_OK;
+}
+
+/// Called by the constructor: whether this library was preloaded rather than `dlopen`ed by
+/// `heapdump attach` (then recording starts only when the attach entry is called). Decided by
+/// the loader's list of objects, in load order: a preloaded library comes before libc, a
+/// `dlopen`ed one after. (Comparing the global `malloc` with ours does not work: in a non-PIE
+/// executable that takes `malloc`'s address, the lookup finds the executable's PLT entry.)
+/// Allocates nothing: the first allocation, which starts recording, is still the program's.
+pub(crate) fn decide_preloaded() -> bool {
+    struct Seen {
+        own: usize,
+        libc_seen: bool,
+        preloaded: Option<bool>,
+    }
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes our `Seen` and a valid info for this call.
+        let (seen, info) = unsafe { (&mut *(data as *mut Seen), &*info) };
+        if info.dlpi_addr as usize == seen.own {
+            seen.preloaded = Some(!seen.libc_seen);
+            return 1;
+        }
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+        if file.starts_with(b"libc.so") {
+            seen.libc_seen = true;
+        }
+        0
+    }
+    // SAFETY: a zeroed Dl_info is valid; dladdr only looks the address up.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        libc::dladdr(
+            decide_preloaded as *const () as *const libc::c_void,
+            &mut info,
+        )
+    };
+    let mut seen = Seen {
+        own: info.dli_fbase as usize,
+        libc_seen: false,
+        preloaded: None,
+    };
+    // SAFETY: the callback has the right signature and receives our `Seen`.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut seen as *mut Seen as *mut libc::c_void) };
+    // dli_fbase is the mapping's start, dlpi_addr the load bias: equal for a shared library
+    // linked at 0, as this one is. Not found: assume preloaded (the behaviour before attach).
+    let preloaded = seen.preloaded.unwrap_or(true);
+    PRELOADED.store(preloaded, Ordering::Release);
+    preloaded
+}
