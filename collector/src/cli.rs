@@ -121,9 +121,17 @@ pub struct RetainersArgs {
 /// `heapdump top`.
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Rank by retained size (required: the only ranking so far).
+    /// Rank by retained size (required, unless --live).
     #[arg(long)]
     pub retained: bool,
+    /// A live terminal view instead, like `top` for the heap: total live bytes with a
+    /// sparkline, allocation sites by live bytes with their change since start and over the
+    /// last interval, refreshed every --every; keys l/s/i/b sort, q quits.
+    #[arg(long, conflicts_with_all = ["retained", "json", "file", "stop"])]
+    pub live: bool,
+    /// With --live: time between refreshes (at least 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "1s", requires = "live")]
+    pub every: Duration,
     /// Which running process, and how.
     #[command(flatten)]
     pub target: LiveTarget,

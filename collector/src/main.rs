@@ -15,6 +15,7 @@ mod frozen;
 mod fuzz;
 mod graph;
 mod hugealloc;
+mod live;
 mod moments;
 mod multi;
 mod outdir;
@@ -1494,8 +1495,11 @@ fn convert_profile(a: &cli::ConvertArgs) -> Result<()> {
 /// `heapdump top --retained`: the blocks and the allocation sites that retain the most.
 fn top(a: TopArgs) -> Result<()> {
     use graph::dominators::Dominator;
+    if a.live {
+        return live::run(&a);
+    }
     if !a.retained {
-        bail!("`heapdump top` ranks by retained size: pass --retained");
+        bail!("`heapdump top` ranks by retained size: pass --retained (or --live)");
     }
     let stage = stages();
     let mut an = analysis(&a.target, &stage)?;

@@ -1,0 +1,229 @@
+//! `heapdump top --live`: a live terminal view of a running process's heap, like `top`.
+//!
+//! A sampler thread ([`sampler`]) snapshots the target every `--every` and sums its live
+//! blocks per allocation site; the main thread draws them ([`view`], with ratatui on
+//! crossterm: plain ANSI sequences, so it works over SSH and in any terminal of 80×24 or more)
+//! and reads keys. The terminal is put back as it was (raw mode off, main screen, cursor
+//! shown) on every way out: `q`/Esc/Ctrl-C, an error, a panic (a hook restores it first), and
+//! SIGTERM, SIGHUP or SIGINT (handled as `q`). Anchor: memray's live mode (`memray run
+//! --live`), which shows the same table of sites over time.
+
+mod sampler;
+mod view;
+
+use crate::cli::{Target, TopArgs};
+use crate::regions;
+use anyhow::{bail, Context, Result};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::{cursor, execute, terminal};
+use ratatui::prelude::CrosstermBackend;
+use sampler::Msg;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use view::{Model, SortKey};
+
+/// Exit status when stdout is not a terminal (a usage error, as clap's).
+const EXIT_NOT_A_TERMINAL: i32 = 2;
+
+/// Shortest `--every`.
+const MIN_EVERY: Duration = Duration::from_millis(100);
+
+/// How often keys and signals are looked at while no sample arrives.
+const TICK: Duration = Duration::from_millis(50);
+
+/// Runs the live view of `heapdump top --live` until `q`, Esc, Ctrl-C or a terminating
+/// signal.
+///
+/// Exits the process with status 2 (one line on stderr) when stdout is not a terminal.
+/// Errors: the target cannot be found or opened (before the screen is taken); the terminal
+/// cannot be set up or read. A failed refresh is shown on the screen and the view goes on;
+/// the target's exit is shown, with the last screen kept until `q`.
+pub fn run(a: &TopArgs) -> Result<()> {
+    if !std::io::stdout().is_terminal() {
+        eprintln!(
+            "heapdump: top --live draws on a terminal and stdout is not one; for a file use \
+             `heapdump snapshot` or `heapdump watch`"
+        );
+        std::process::exit(EXIT_NOT_A_TERMINAL);
+    }
+    let target = match (&a.target.by_pid, &a.target.by_name) {
+        (Some(pid), _) => Target::Pid(*pid),
+        (None, Some(name)) => Target::Name(name.clone()),
+        (None, None) => bail!("top --live follows a running process: pass --by-pid or --by-name"),
+    };
+    if a.every < MIN_EVERY {
+        bail!(
+            "--every {}: the interval is at least {}",
+            humantime::format_duration(a.every),
+            humantime::format_duration(MIN_EVERY)
+        );
+    }
+    let (path, file) = crate::pick(&target)?;
+    let usable = regions::open_usable(&path, file.as_ref())?;
+    let pid = usable.info.pid;
+    let label = format!("pid {pid} ({})", regions::command_name(&usable.info));
+    drop(usable);
+    let src = sampler::Source {
+        path,
+        file,
+        pid,
+        every: a.every,
+        lock_timeout: Duration::from_secs_f64(a.target.lock_timeout.clamp(0.0, 1e6)),
+    };
+    install_signals();
+    let mut screen = Screen::enter().context("cannot set up the terminal")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sampler = sampler::start(src, tx).context("cannot start the sampler thread")?;
+    let mut model = Model::new(label, a.every);
+    let r = event_loop(&mut screen, &mut model, &rx);
+    // The shell's screen back at once; then wait out a snapshot in progress (milliseconds),
+    // so that no lease is left behind.
+    drop(screen);
+    sampler.stop();
+    r
+}
+
+/// Draws on every sample and key until asked to quit.
+fn event_loop(
+    screen: &mut Screen,
+    model: &mut Model,
+    rx: &std::sync::mpsc::Receiver<Msg>,
+) -> Result<()> {
+    let mut dirty = true;
+    let mut last_second = u64::MAX;
+    loop {
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                Msg::Sample(s) => model.push(*s),
+                Msg::Error(e) => model.error = Some(e),
+                Msg::Exited(why) => model.exited = Some(why),
+            }
+            dirty = true;
+        }
+        // The uptime in the title moves once a second, until the target is gone.
+        let second = model.uptime().as_secs();
+        if second != last_second && model.exited.is_none() {
+            last_second = second;
+            dirty = true;
+        }
+        if dirty {
+            screen
+                .terminal
+                .draw(|f| view::draw(f, model))
+                .context("cannot draw on the terminal")?;
+            dirty = false;
+        }
+        if SIGNALLED.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if !event::poll(TICK).context("cannot read the terminal")? {
+            continue;
+        }
+        match event::read().context("cannot read the terminal")? {
+            Event::Key(k) if k.kind != KeyEventKind::Release => {
+                let ctrl = k.modifiers.contains(KeyModifiers::CONTROL);
+                match k.code {
+                    KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('c') if ctrl => return Ok(()),
+                    KeyCode::Char('l') => model.sort = SortKey::Live,
+                    KeyCode::Char('s') => model.sort = SortKey::SinceStart,
+                    KeyCode::Char('i') => model.sort = SortKey::LastInterval,
+                    KeyCode::Char('b') => model.sort = SortKey::Blocks,
+                    KeyCode::Tab => model.sort = model.sort.next(),
+                    KeyCode::Down | KeyCode::Char('j') => model.offset += 1,
+                    KeyCode::Up | KeyCode::Char('k') => {
+                        model.offset = model.offset.saturating_sub(1)
+                    }
+                    KeyCode::PageDown => model.offset += 10,
+                    KeyCode::PageUp => model.offset = model.offset.saturating_sub(10),
+                    KeyCode::Home => model.offset = 0,
+                    _ => continue,
+                }
+                // Scrolling past the end is clamped when drawn; keep the offset there too.
+                model.offset = model.offset.min(model.rows().len().saturating_sub(1));
+                dirty = true;
+            }
+            Event::Resize(..) => dirty = true,
+            _ => {}
+        }
+    }
+}
+
+/// Set by SIGTERM, SIGHUP and SIGINT: the view ends as on `q`.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// Handles SIGTERM, SIGHUP (the SSH connection dropped) and SIGINT (raw mode turns Ctrl-C
+/// into a key, but `kill -INT` still sends it) by asking the view to end, so that the terminal
+/// is restored. A second one kills at once (SA_RESETHAND). The snapshot's lease guard leaves
+/// handlers it finds installed alone.
+fn install_signals() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The terminal while the view owns it: raw mode, alternate screen, cursor hidden. Dropping
+/// it restores all three.
+struct Screen {
+    terminal: ratatui::Terminal<CrosstermBackend<std::io::Stdout>>,
+}
+
+/// Whether the terminal is in the view's state (what the panic hook restores).
+static ENTERED: AtomicBool = AtomicBool::new(false);
+
+impl Screen {
+    fn enter() -> std::io::Result<Screen> {
+        // A panic (the release profile aborts on one) restores the terminal before the
+        // message is printed, so that the message is readable and the shell usable.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            previous(info);
+        }));
+        ENTERED.store(true, Ordering::SeqCst);
+        let set_up = || -> std::io::Result<Screen> {
+            terminal::enable_raw_mode()?;
+            execute!(
+                std::io::stdout(),
+                terminal::EnterAlternateScreen,
+                cursor::Hide
+            )?;
+            let mut terminal = ratatui::Terminal::new(CrosstermBackend::new(std::io::stdout()))?;
+            terminal.clear()?;
+            Ok(Screen { terminal })
+        };
+        set_up().inspect_err(|_| restore())
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// Puts the terminal back (once): raw mode off, the main screen, the cursor shown. Errors
+/// are ignored: the terminal may be gone (SIGHUP).
+fn restore() {
+    if ENTERED.swap(false, Ordering::SeqCst) {
+        let _ = terminal::disable_raw_mode();
+        let _ = execute!(
+            std::io::stdout(),
+            terminal::LeaveAlternateScreen,
+            cursor::Show
+        );
+    }
+}
