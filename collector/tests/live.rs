@@ -276,6 +276,36 @@ fn live_view_quits_on_escape_and_on_sigterm() {
             row.contains(" 880 B ") && row.ends_with(" 11 hold_blocks"),
             "{row}"
         );
+        if quit == "Escape" {
+            // A narrower terminal: the columns that do not fit go, least useful first; the
+            // site stays.
+            let st = tmux
+                .cmd()
+                .args(["resize-window", "-t", "t", "-x", "50", "-y", "24"])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            let s = tmux.wait("two columns at 50", Duration::from_secs(10), |s| {
+                s.iter().any(|l| {
+                    l.contains("LIVE")
+                        && l.contains("Δ START")
+                        && !l.contains("Δ LAST")
+                        && !l.contains("BLOCKS")
+                })
+            });
+            assert_eq!(first_site(&s).as_deref(), Some("hold_blocks"));
+            assert!(s.iter().all(|l| l.chars().count() <= 50));
+            // And back.
+            let st = tmux
+                .cmd()
+                .args(["resize-window", "-t", "t", "-x", "80", "-y", "24"])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            tmux.wait("four columns at 80", Duration::from_secs(10), |s| {
+                s.iter().any(|l| l.contains("BLOCKS") && l.contains("SITE"))
+            });
+        }
         if quit == "SIGTERM" {
             // The shell's child: the heapdump it runs.
             let shell = tmux.format("#{pane_pid}");
@@ -327,4 +357,54 @@ fn live_view_refuses_a_stdout_that_is_not_a_terminal() {
         "{}",
         t.stderr
     );
+}
+
+/// The terminal goes away under the view (the SSH connection drops, the terminal window is
+/// closed): the view ends by itself instead of spinning on a terminal that reads as empty.
+#[test]
+fn live_view_ends_when_its_terminal_hangs_up() {
+    let test = "live_view_ends_when_its_terminal_hangs_up";
+    if !can_run(test) || !have_tmux(test) {
+        return;
+    }
+    let dir = region_dir("live-hangup");
+    let prog = hold_sized(&dir, 10, 80);
+    let pid = prog.pid();
+    let tmux = Tmux::start("live-hangup");
+    tmux.wait("the shell", Duration::from_secs(10), |s| {
+        s.iter().any(|l| !l.trim().is_empty())
+    });
+    tmux.send(&["-l", &command_line(&dir, pid)]);
+    tmux.send(&["Enter"]);
+    tmux.wait("the table", Duration::from_secs(30), |s| {
+        first_site(s).as_deref() == Some("hold_blocks")
+    });
+    let shell = tmux.format("#{pane_pid}");
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
+    let view: u32 = children
+        .split_whitespace()
+        .next()
+        .expect("a child")
+        .parse()
+        .unwrap();
+    drop(tmux); // kill-server: the pane's terminal hangs up
+    let started = Instant::now();
+    let gone = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    while !gone(view) {
+        if started.elapsed() > Duration::from_secs(10) {
+            // SAFETY: kill has no memory-safety preconditions; `view` is the heapdump we started.
+            unsafe { libc::kill(view as i32, libc::SIGKILL) };
+            panic!("the live view (pid {view}) still runs 10 s after its terminal hung up");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(prog);
 }

@@ -8,13 +8,14 @@
 //! SIGTERM, SIGHUP or SIGINT (handled as `q`). Anchor: memray's live mode (`memray run
 //! --live`), which shows the same table of sites over time.
 
+mod keys;
 mod sampler;
 mod view;
 
 use crate::cli::{Target, TopArgs};
 use crate::regions;
 use anyhow::{bail, Context, Result};
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use keys::{Input, Key, Keys};
 use ratatui::crossterm::{cursor, execute, terminal};
 use ratatui::prelude::CrosstermBackend;
 use sampler::Msg;
@@ -90,8 +91,12 @@ fn event_loop(
     model: &mut Model,
     rx: &std::sync::mpsc::Receiver<Msg>,
 ) -> Result<()> {
+    let keys = Keys::open().context(
+        "no terminal to read keys from (stdin is not one, and /dev/tty cannot be opened)",
+    )?;
     let mut dirty = true;
     let mut last_second = u64::MAX;
+    let mut last_size = ratatui::layout::Size::default();
     loop {
         while let Ok(m) = rx.try_recv() {
             match m {
@@ -107,6 +112,15 @@ fn event_loop(
             last_second = second;
             dirty = true;
         }
+        // A resize is seen here, within a tick; `draw` then fits the new size.
+        let size = screen
+            .terminal
+            .size()
+            .context("cannot read the terminal's size")?;
+        if size != last_size {
+            last_size = size;
+            dirty = true;
+        }
         if dirty {
             screen
                 .terminal
@@ -117,35 +131,29 @@ fn event_loop(
         if SIGNALLED.load(Ordering::SeqCst) {
             return Ok(());
         }
-        if !event::poll(TICK).context("cannot read the terminal")? {
-            continue;
-        }
-        match event::read().context("cannot read the terminal")? {
-            Event::Key(k) if k.kind != KeyEventKind::Release => {
-                let ctrl = k.modifiers.contains(KeyModifiers::CONTROL);
-                match k.code {
-                    KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc => return Ok(()),
-                    KeyCode::Char('c') if ctrl => return Ok(()),
-                    KeyCode::Char('l') => model.sort = SortKey::Live,
-                    KeyCode::Char('s') => model.sort = SortKey::SinceStart,
-                    KeyCode::Char('i') => model.sort = SortKey::LastInterval,
-                    KeyCode::Char('b') => model.sort = SortKey::Blocks,
-                    KeyCode::Tab => model.sort = model.sort.next(),
-                    KeyCode::Down | KeyCode::Char('j') => model.offset += 1,
-                    KeyCode::Up | KeyCode::Char('k') => {
-                        model.offset = model.offset.saturating_sub(1)
-                    }
-                    KeyCode::PageDown => model.offset += 10,
-                    KeyCode::PageUp => model.offset = model.offset.saturating_sub(10),
-                    KeyCode::Home => model.offset = 0,
-                    _ => continue,
-                }
-                // Scrolling past the end is clamped when drawn; keep the offset there too.
-                model.offset = model.offset.min(model.rows().len().saturating_sub(1));
-                dirty = true;
+        let keys = match keys.wait(TICK).context("cannot read the terminal")? {
+            Input::Nothing => continue,
+            Input::HungUp => return Ok(()),
+            Input::Keys(k) => k,
+        };
+        for k in keys {
+            match k {
+                Key::Quit => return Ok(()),
+                Key::Char('l') => model.sort = SortKey::Live,
+                Key::Char('s') => model.sort = SortKey::SinceStart,
+                Key::Char('i') => model.sort = SortKey::LastInterval,
+                Key::Char('b') => model.sort = SortKey::Blocks,
+                Key::Char('\t') => model.sort = model.sort.next(),
+                Key::Down | Key::Char('j') => model.offset += 1,
+                Key::Up | Key::Char('k') => model.offset = model.offset.saturating_sub(1),
+                Key::PageDown => model.offset += 10,
+                Key::PageUp => model.offset = model.offset.saturating_sub(10),
+                Key::Home => model.offset = 0,
+                Key::Char(_) => continue,
             }
-            Event::Resize(..) => dirty = true,
-            _ => {}
+            // Scrolling past the end is clamped when drawn; keep the offset there too.
+            model.offset = model.offset.min(model.rows().len().saturating_sub(1));
+            dirty = true;
         }
     }
 }
