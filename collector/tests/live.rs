@@ -150,8 +150,13 @@ fn first_site(screen: &[String]) -> Option<String> {
 
 /// A shell command line that runs the live view on `pid` and then prints its exit status.
 fn command_line(dir: &Path, pid: u32) -> String {
+    command_line_with(dir, pid, "")
+}
+
+/// [`command_line`] with `env` (`NAME=VALUE `) before the command.
+fn command_line_with(dir: &Path, pid: u32, env: &str) -> String {
     format!(
-        "echo BEFORE-$((40+2)); HEAPDUMP_DIR={} {} top --live --by-pid {pid}; echo EXIT=$?",
+        "echo BEFORE-$((40+2)); {env}HEAPDUMP_DIR={} {} top --live --by-pid {pid}; echo EXIT=$?",
         dir.display(),
         heapdump().display()
     )
@@ -405,6 +410,64 @@ fn live_view_ends_when_its_terminal_hangs_up() {
             panic!("the live view (pid {view}) still runs 10 s after its terminal hung up");
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(prog);
+}
+
+/// An error or a panic inside the view: the message is printed on the shell's screen, the
+/// terminal restored (main screen, cursor shown), the exit status 1 (error) or 134 (the
+/// release profile aborts on a panic).
+#[test]
+fn live_view_restores_the_terminal_on_error_and_on_panic() {
+    let test = "live_view_restores_the_terminal_on_error_and_on_panic";
+    if !can_run(test) || !have_tmux(test) {
+        return;
+    }
+    let dir = region_dir("live-fail");
+    let prog = hold_sized(&dir, 10, 80);
+    let pid = prog.pid();
+    let tmux = Tmux::start("live-fail");
+    tmux.wait("the shell", Duration::from_secs(10), |s| {
+        s.iter().any(|l| !l.trim().is_empty())
+    });
+    for (how, status, message) in [
+        ("error", "EXIT=1", "heapdump: HEAPDUMP_TEST_LIVE_FAIL=error"),
+        ("panic", "EXIT=134", "HEAPDUMP_TEST_LIVE_FAIL=panic"),
+    ] {
+        tmux.send(&["-l", "clear"]);
+        tmux.send(&["Enter"]);
+        tmux.wait("a clear screen", Duration::from_secs(10), |s| {
+            !s.iter().any(|l| l.starts_with("EXIT="))
+        });
+        let env = format!("RUST_BACKTRACE=0 HEAPDUMP_TEST_LIVE_FAIL={how} ");
+        let line = command_line_with(&dir, pid, &env);
+        tmux.send(&["-l", &line]);
+        tmux.send(&["Enter"]);
+        let s = tmux.wait("the shell", Duration::from_secs(30), |s| {
+            s.iter().any(|l| l.starts_with("EXIT="))
+        });
+        assert!(s.iter().any(|l| l == status), "{how}: {}", s.join("\n"));
+        assert!(
+            s.iter().any(|l| l.contains(message) && !l.contains("EXIT")),
+            "{how}: {}",
+            s.join("\n")
+        );
+        assert!(
+            !s.iter().any(|l| l.contains("SITE")),
+            "{how}: {}",
+            s.join("\n")
+        );
+        assert_eq!(
+            tmux.format("#{alternate_on} #{cursor_flag}"),
+            "0 1",
+            "{how}"
+        );
+        // The terminal is out of raw mode: a typed line is echoed and run by the shell.
+        tmux.send(&["-l", "echo COOKED-$((6*7))"]);
+        tmux.send(&["Enter"]);
+        tmux.wait("the shell's echo", Duration::from_secs(10), |s| {
+            s.iter().any(|l| l == "COOKED-42")
+        });
     }
     drop(prog);
 }

@@ -131,6 +131,9 @@ fn event_loop(
         if SIGNALLED.load(Ordering::SeqCst) {
             return Ok(());
         }
+        if model.refreshes > 0 {
+            test_failure()?;
+        }
         let keys = match keys.wait(TICK).context("cannot read the terminal")? {
             Input::Nothing => continue,
             Input::HungUp => return Ok(()),
@@ -155,6 +158,17 @@ fn event_loop(
             model.offset = model.offset.min(model.rows().len().saturating_sub(1));
             dirty = true;
         }
+    }
+}
+
+/// Tests only: with `HEAPDUMP_TEST_LIVE_FAIL=panic` the view panics once the first sample is
+/// on the screen, with `=error` it fails with an error: the terminal must be restored either
+/// way.
+fn test_failure() -> Result<()> {
+    match std::env::var("HEAPDUMP_TEST_LIVE_FAIL").as_deref() {
+        Ok("panic") => panic!("HEAPDUMP_TEST_LIVE_FAIL=panic"),
+        Ok("error") => bail!("HEAPDUMP_TEST_LIVE_FAIL=error"),
+        _ => Ok(()),
     }
 }
 
