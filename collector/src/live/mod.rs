@@ -63,7 +63,7 @@ pub fn run(a: &TopArgs) -> Result<()> {
     let (path, file) = crate::pick(&target)?;
     let usable = regions::open_usable(&path, file.as_ref())?;
     let pid = usable.info.pid;
-    let label = format!("pid {pid} ({})", regions::command_name(&usable.info));
+    let label = format!("{pid} ({})", regions::command_name(&usable.info));
     drop(usable);
     let src = sampler::Source {
         path,

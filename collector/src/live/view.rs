@@ -1,8 +1,8 @@
 //! The live view's screen: what it remembers of the samples ([`Model`]) and how it draws them
 //! with ratatui ([`draw`]).
 //!
-//! Layout, top to bottom: a title line (process, interval, uptime, the collector's CPU per
-//! refresh); the totals (live bytes and blocks, their change since start and over the last
+//! Layout, top to bottom: a title line (process, interval, uptime, stacks named, the
+//! collector's CPU per refresh); the totals (live bytes and blocks, their change since start and over the last
 //! interval); a two-line sparkline of total live bytes over time, scaled from the lowest to the
 //! highest value it shows; the sites table; a status line (keys, or what went wrong, or that
 //! the target exited). Columns are dropped on narrow terminals, least useful first (blocks,
@@ -70,7 +70,7 @@ pub struct SiteRow {
 /// Everything the screen shows, updated by each sample.
 #[derive(Debug)]
 pub struct Model {
-    /// "pid 1234 (server)".
+    /// "1234 (server)": the process.
     pub target: String,
     /// The refresh interval.
     pub every: Duration,
@@ -342,16 +342,16 @@ pub fn draw(f: &mut Frame<'_>, m: &Model) {
     let bold = Style::new().add_modifier(Modifier::BOLD);
     // Title.
     let mut t = format!(
-        "heapdump · {} · every {} · {}",
+        "pid {} · every {} · {}",
         m.target,
         humantime::format_duration(m.every),
         clock(m.uptime())
     );
     if let Some(s) = m.current() {
         t.push_str(&format!(
-            " · cpu {:.1} ms/refresh · {} stacks",
-            s.cpu.as_secs_f64() * 1e3,
-            count(s.known_stacks as u64)
+            " · {} stacks · cpu {:.1} ms/refresh",
+            count(s.known_stacks as u64),
+            s.cpu.as_secs_f64() * 1e3
         ));
     }
     f.render_widget(Paragraph::new(fit(&t, w)).style(bold), title);
@@ -592,7 +592,7 @@ mod tests {
     fn draws_on_a_plain_80_by_24_screen() {
         use ratatui::backend::TestBackend;
         let mut t = ratatui::Terminal::new(TestBackend::new(80, 24)).unwrap();
-        let mut m = Model::new("pid 42 (leaky)".into(), Duration::from_secs(1));
+        let mut m = Model::new("42 (leaky)".into(), Duration::from_secs(1));
         m.push(sample(
             3 << 20,
             &[("fill_cache", 2 << 20, 20000), ("leak_more", 1 << 20, 8192)],
@@ -612,7 +612,7 @@ mod tests {
             .collect();
         assert!(
             lines[0].starts_with(
-                "heapdump · pid 42 (leaky) · every 1s · 00:00:00 · cpu 0.0 ms/refresh · 0 stacks"
+                "pid 42 (leaky) · every 1s · 00:00:00 · 0 stacks · cpu 0.0 ms/refresh"
             ),
             "{}",
             lines[0]
