@@ -27,6 +27,9 @@ use view::{Model, SortKey};
 /// Exit status when stdout is not a terminal (a usage error, as clap's).
 const EXIT_NOT_A_TERMINAL: i32 = 2;
 
+/// `--every` when not given.
+const DEFAULT_EVERY: Duration = Duration::from_secs(1);
+
 /// Shortest `--every`.
 const MIN_EVERY: Duration = Duration::from_millis(100);
 
@@ -53,10 +56,11 @@ pub fn run(a: &TopArgs) -> Result<()> {
         (None, Some(name)) => Target::Name(name.clone()),
         (None, None) => bail!("top --live follows a running process: pass --by-pid or --by-name"),
     };
-    if a.every < MIN_EVERY {
+    let every = a.every.unwrap_or(DEFAULT_EVERY);
+    if every < MIN_EVERY {
         bail!(
             "--every {}: the interval is at least {}",
-            humantime::format_duration(a.every),
+            humantime::format_duration(every),
             humantime::format_duration(MIN_EVERY)
         );
     }
@@ -69,14 +73,14 @@ pub fn run(a: &TopArgs) -> Result<()> {
         path,
         file,
         pid,
-        every: a.every,
+        every,
         lock_timeout: Duration::from_secs_f64(a.target.lock_timeout.clamp(0.0, 1e6)),
     };
     install_signals();
     let mut screen = Screen::enter().context("cannot set up the terminal")?;
     let (tx, rx) = std::sync::mpsc::channel();
     let sampler = sampler::start(src, tx).context("cannot start the sampler thread")?;
-    let mut model = Model::new(label, a.every);
+    let mut model = Model::new(label, every);
     let r = event_loop(&mut screen, &mut model, &rx);
     // The shell's screen back at once; then wait out a snapshot in progress (milliseconds),
     // so that no lease is left behind.

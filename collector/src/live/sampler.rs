@@ -68,6 +68,9 @@ pub struct Source {
     pub lock_timeout: Duration,
 }
 
+/// Longest wait, when the view ends, for a snapshot in progress to finish.
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
+
 /// The sampler's handle: stopping it, and waiting out a snapshot in progress (whose lease the
 /// region's writer honours until it is released).
 #[derive(Debug)]
@@ -79,12 +82,22 @@ pub struct Handle {
 
 impl Handle {
     /// Stops the sampler: returns once no snapshot is in progress and none will start, so the
-    /// process can exit without leaving a lease behind. A symbolization in progress is
-    /// abandoned (it holds nothing of the target's).
+    /// process can exit without leaving a lease behind, or after [`STOP_WAIT`] (a snapshot
+    /// still waiting for another collector's lock holds no lease; one that holds it past
+    /// then is released by the writer when it sees this process gone). A symbolization in
+    /// progress is abandoned (it holds nothing of the target's).
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);
         drop(self.wake.take());
-        let _g = self.scanning.lock().unwrap_or_else(|e| e.into_inner());
+        let started = Instant::now();
+        while started.elapsed() < STOP_WAIT {
+            match self.scanning.try_lock() {
+                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return,
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+            }
+        }
     }
 }
 
