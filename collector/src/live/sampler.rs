@@ -188,9 +188,14 @@ fn refresh(
     stop: &AtomicBool,
     scanning: &Mutex<()>,
 ) -> Result<Option<(Sample, Option<String>)>, Failure> {
-    let gone = || match &src.file {
-        Some(f) => regions::proc_start_ticks(f.pid) != Some(f.start_ticks),
-        None => regions::proc_start_ticks(src.pid).is_none(),
+    // Gone: no such process, another process under its pid, or a zombie (exited, not reaped
+    // yet; its region removed at its exit).
+    let gone = || {
+        regions::proc_state(src.pid) == Some('Z')
+            || match &src.file {
+                Some(f) => regions::proc_start_ticks(f.pid) != Some(f.start_ticks),
+                None => regions::proc_start_ticks(src.pid).is_none(),
+            }
     };
     let usable = match regions::open_usable(&src.path, src.file.as_ref()) {
         Ok(u) => u,
