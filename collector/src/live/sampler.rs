@@ -111,7 +111,7 @@ pub fn start(src: Source, tx: Sender<Msg>) -> std::io::Result<Handle> {
     let (s, m) = (stop.clone(), scanning.clone());
     std::thread::Builder::new()
         .name("live-sampler".into())
-        .spawn(move || run(&src, &tx, &wake_rx, &s, &m))?;
+        .spawn(move || run(src, &tx, &wake_rx, &s, &m))?;
     Ok(Handle {
         stop,
         wake: Some(wake_tx),
@@ -120,7 +120,7 @@ pub fn start(src: Source, tx: Sender<Msg>) -> std::io::Result<Handle> {
 }
 
 fn run(
-    src: &Source,
+    mut src: Source,
     tx: &Sender<Msg>,
     wake: &Receiver<()>,
     stop: &AtomicBool,
@@ -131,7 +131,7 @@ fn run(
     let start = Instant::now();
     let mut slot: u32 = 0;
     loop {
-        let msg = match refresh(src, &mut namer, stop, scanning) {
+        let msg = match refresh(&src, &mut namer, stop, scanning) {
             Ok(Some((mut s, last))) => {
                 let cpu = cpu_time();
                 s.cpu = cpu.saturating_sub(cpu_before);
@@ -149,6 +149,13 @@ fn run(
                 return;
             }
             Err(Failed(e)) => Msg::Error(e),
+            Err(Moved(path, file)) => {
+                // Another image: other stack ids. Sampled again at once.
+                src.path = path;
+                src.file = file;
+                namer = Namer::new();
+                continue;
+            }
         };
         if tx.send(msg).is_err() {
             return;
@@ -176,8 +183,10 @@ enum Failure {
     Gone(String),
     /// This refresh failed; the next may not.
     Failed(String),
+    /// The process exec'd: its new image's region, to follow from now on.
+    Moved(PathBuf, Option<RegionFile>),
 }
-use Failure::{Failed, Gone};
+use Failure::{Failed, Gone, Moved};
 
 /// One refresh: open the region, snapshot it, name new stacks, sum by site. `Ok(None)` when
 /// stopped before the snapshot; with the sample, why it is the last one (a post-mortem
@@ -202,7 +211,16 @@ fn refresh(
         Err(_) if gone() => {
             return Err(Gone(format!("pid {} has exited", src.pid)));
         }
-        Err(e) => return Err(Failed(format!("{e:#}"))),
+        Err(e) => {
+            // The process runs on without this region: it exec'd a new image, which made a
+            // region of its own (the same pid, a newer file).
+            if let Ok((path, file)) = crate::pick(&crate::cli::Target::Pid(src.pid)) {
+                if path != src.path {
+                    return Err(Moved(path, file));
+                }
+            }
+            return Err(Failed(format!("{e:#}")));
+        }
     };
     let c = {
         let _g = scanning.lock().unwrap_or_else(|e| e.into_inner());
