@@ -471,3 +471,47 @@ fn live_view_restores_the_terminal_on_error_and_on_panic() {
     }
     drop(prog);
 }
+
+/// A target that execs: the view follows the new image's region (same pid, a newer file).
+#[test]
+fn live_view_follows_an_exec() {
+    let test = "live_view_follows_an_exec";
+    if !can_run(test) || !have_tmux(test) {
+        return;
+    }
+    let dir = region_dir("live-exec");
+    let hold = compile_c("hold_sized", &[]);
+    // bash under the shim until a line on stdin, then hold_sized (the shim still preloaded).
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!(
+        "echo ready $$; read line; exec {} 10 80",
+        hold.display()
+    ));
+    let mut prog = start(cmd, &dir, true);
+    let pid = prog.pid();
+    let tmux = Tmux::start("live-exec");
+    tmux.wait("the shell", Duration::from_secs(10), |s| {
+        s.iter().any(|l| !l.trim().is_empty())
+    });
+    tmux.send(&["-l", &command_line(&dir, pid)]);
+    tmux.send(&["Enter"]);
+    tmux.wait("bash's sites", Duration::from_secs(30), |s| {
+        !table(s).is_empty() && !table(s).iter().any(|r| r.0 == "hold_blocks")
+    });
+    writeln!(prog.stdin.as_mut().unwrap(), "go").unwrap();
+    let s = tmux.wait("hold_sized's sites", Duration::from_secs(30), |s| {
+        table(s)
+            .first()
+            .is_some_and(|r| r.0 == "hold_blocks" && r.1.contains(" 880 B "))
+    });
+    assert!(
+        !s.iter().any(|l| l.contains("refresh failed")),
+        "{}",
+        s.join("\n")
+    );
+    tmux.send(&["q"]);
+    let s = tmux.wait("the shell", Duration::from_secs(10), |s| {
+        s.iter().any(|l| l.starts_with("EXIT="))
+    });
+    assert!(s.iter().any(|l| l == "EXIT=0"), "{}", s.join("\n"));
+}
