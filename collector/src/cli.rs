@@ -44,7 +44,7 @@ pub enum Command {
     Graph(GraphArgs),
     /// Rank what keeps the most memory alive: allocation sites, blocks and roots by retained
     /// size (the bytes that would be freed if they let go: the dominator tree of the reference
-    /// graph).
+    /// graph). With --live: a live terminal view of the live heap by allocation site.
     Top(TopArgs),
     /// Convert a graph capture (`.hdsnap`) into a flame graph (`.svg`), a DevTools heap
     /// snapshot (`.heapsnapshot`) or a pprof profile of its live blocks (`.pb.gz`); or a pprof
@@ -159,9 +159,17 @@ pub struct RetainersArgs {
 /// `heapdump top`.
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Rank by retained size (required: the only ranking so far).
+    /// Rank by retained size (required, unless --live).
     #[arg(long)]
     pub retained: bool,
+    /// A live terminal view instead, like `top` for the heap: total live bytes with a
+    /// sparkline, allocation sites by live bytes with their change since start and over the
+    /// last interval, refreshed every --every; keys l/s/i/b sort, q quits.
+    #[arg(long, conflicts_with_all = ["retained", "json", "file", "stop"])]
+    pub live: bool,
+    /// With --live: time between refreshes (at least 100ms; default 1s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, requires = "live", conflicts_with = "retained")]
+    pub every: Option<Duration>,
     /// Which running process, and how.
     #[command(flatten)]
     pub target: LiveTarget,

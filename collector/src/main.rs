@@ -19,6 +19,7 @@ mod frozen;
 mod fuzz;
 mod graph;
 mod hugealloc;
+mod live;
 mod moments;
 mod multi;
 mod outdir;
@@ -62,6 +63,7 @@ fn main() {
         Command::Leaks(a) => commands::leaks::run(a.into()),
         Command::Retainers(a) => commands::retainers::run(a.into()),
         Command::Graph(a) => commands::graph::run(a.into()),
+        Command::Top(a) if a.live => live::run(&a),
         Command::Top(a) => commands::top::run(a.into()),
         Command::Convert(a) => commands::convert::run(a.into()),
         Command::Attach(a) => attach::attach(&a),

@@ -36,7 +36,7 @@ impl From<cli::TopArgs> for Options {
 pub fn run(a: Options) -> Result<()> {
     use graph::dominators::Dominator;
     if !a.retained {
-        bail!("`heapdump top` ranks by retained size: pass --retained");
+        bail!("`heapdump top` ranks by retained size: pass --retained (or --live)");
     }
     let rule = super::site_rule(a.drop_frames.as_deref())?;
     let stage = stages();
