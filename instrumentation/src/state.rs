@@ -516,6 +516,8 @@ fn init_locked() -> bool {
     };
     SAMPLE_INTERVAL.store(settings.sample_interval, Ordering::Relaxed);
     DWARF.store(settings.dwarf, Ordering::Relaxed);
+    #[cfg(target_arch = "x86_64")]
+    crate::dwarf::set_stack_reuse(settings.stack_reuse);
     let Some(stacks) = StackIndex::new() else {
         return false;
     };
