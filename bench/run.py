@@ -1671,6 +1671,9 @@ def main():
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
+    ap.add_argument("--shim", default=None,
+                    help="libheapdump.so to measure instead of target/release's (e.g. an older "
+                         "build, for a before/after comparison)")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
         ap.error("--rounds, --ops, --py-iters and --blocks must be positive")
@@ -1682,6 +1685,9 @@ def main():
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
     os.chdir(REPO)
+    if args.shim:
+        global SHIM
+        SHIM = os.path.abspath(args.shim)
     load = BackgroundLoad()
     machine = machine_lines()  # before anything runs: the load average at start
     build_line = freeze_heapdump_build()
