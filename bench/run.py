@@ -1032,7 +1032,9 @@ WHERE_COMPONENTS = [
     ("address index", r"libheapdump\.so .*index::"),
     ("interning (hash, cache, stack table)", r"libheapdump\.so .*(intern|stacks::|hash_frames|stack_equals|append_stack)"),
     ("record + node (insert/erase, writer, nodes)", r"libheapdump\.so .*(hooks::insert|hooks::erase|writer::|nodes::|take_node|recycle_node|retire)"),
-    ("TLS access", r"(__tls_get_addr|LocalKey|tls_)"),
+    ("TLS access", r"(__tls_get_addr|LocalKey|tls_|_dl_tlsdesc)"),
+    ("exported malloc/free (guard, prefetches)",
+     r"libheapdump\.so (malloc|free|realloc|calloc|cfree|posix_memalign|aligned_alloc|memalign)$"),
     ("rest of the shim", r"libheapdump\.so "),
 ]
 WHERE_PERIOD_NS = 100000  # perf record -e cpu-clock -c 100000: one sample per 100 µs of CPU (a shorter period slows the run itself down: 50 kHz cost 2.5× here)
@@ -1063,7 +1065,10 @@ def where_components(samples):
     """Samples per component (WHERE_COMPONENTS, then glibc's allocator, the kernel, the
     program and the rest)."""
     comp = {}
+    shim = os.path.basename(SHIM)
     for (dso, sym), n in samples.items():
+        if dso == shim:
+            dso = "libheapdump.so"  # a build measured with --shim under another name
         key = None
         text = f"{dso} {sym}"
         for name, rx in WHERE_COMPONENTS:
