@@ -12,8 +12,9 @@
 //   exception: 100 × 56 B through throw_a, 100 × 56 B through throw_b
 //   signal:    200 × 72 B through on_signal (raised from sig_a and sig_b alternately)
 //   ucontext:  100 × 88 B through co_leaf (coroutine stack), 100 × 104 B through main_leaf
+//   deep:      100 × 120 B through deep_alloc, 40–69 levels down (stacks cut at 64 frames)
 // With "fork", the parent allocates once, forks, and the child does all of the above and
-// prints "ready PID 1000 57600" (PID the child's); the parent waits for it.
+// prints "ready PID 1100 69600" (PID the child's); the parent waits for it.
 //
 // Build: g++ -O1 -g -fomit-frame-pointer -fno-optimize-sibling-calls -pthread reuse_fool.cc
 // (without frame pointers: the CFI walk matches the previous capture only at frames that keep
@@ -150,6 +151,19 @@ NOINLINE static void coroutines() {
     KEEP();
 }
 
+NOINLINE static void deep_alloc(int d) {
+    if (d > 0)
+        deep_alloc(d - 1);
+    else
+        leaf(120);
+    KEEP();
+}
+NOINLINE static void deeps() {
+    for (int i = 0; i < 100; i++)
+        deep_alloc(40 + (i * 7) % 30);
+    KEEP();
+}
+
 NOINLINE static void deep(int d) {
     if (d > 0) {
         deep(d - 1);
@@ -159,6 +173,7 @@ NOINLINE static void deep(int d) {
         throws();
         signals();
         coroutines();
+        deeps();
     }
     KEEP();
 }
@@ -179,7 +194,7 @@ int main(int argc, char **argv) {
     }
     deep(12);
     printf("ready %d %d %d\n", (int)getpid(), nheld,
-           100 * (24 + 24 + 40 + 40 + 56 + 56 + 72 + 72 + 88 + 104));
+           100 * (24 + 24 + 40 + 40 + 56 + 56 + 72 + 72 + 88 + 104 + 120));
     fflush(stdout);
     char buf[16];
     while (fread(buf, 1, sizeof buf, stdin) > 0) {
