@@ -905,8 +905,13 @@ fn unwind(
                 l.sp[..k].copy_from_slice(&c.sp[..k]);
                 l.bp[..k].copy_from_slice(&c.bp[..k]);
                 l.bp_at[..k].copy_from_slice(&c.bp_at[..k]);
+                if cache.missed {
+                    l.n = 0;
+                }
             } else {
-                c.n = n;
+                // A walk that met code in no known object may be walked again on a newer
+                // object list (see `take_stale`): such a capture is not reused.
+                c.n = if cache.missed { 0 } else { n };
                 c.hi = hi;
                 c.generation = objects.generation;
                 c.out[..n].copy_from_slice(&out[..n]);
