@@ -225,8 +225,8 @@ impl Cache {
 }
 
 /// Whether a walk may reuse the outer part of the thread's previous capture
-/// (`HEAPDUMP_STACK_REUSE`, on by default; see [`Captures`]).
-static REUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// (`HEAPDUMP_STACK_REUSE=1`; off by default, see README; see [`Captures`]).
+static REUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Turns reusing the previous capture's outer frames on or off (process-wide; a full walk of
 /// every frame when off, the reference the reuse is tested against).
@@ -363,8 +363,12 @@ pub fn new_cache() -> *mut Cache {
         // SAFETY: `c` is a fresh mapping for a Cache; the context is written without reading
         // (or dropping) the zeroed bytes there.
         unsafe { std::ptr::addr_of_mut!((*c).ctx).write(UnwindContext::new_in()) };
-        // Zero-filled too: no capture to reuse yet.
-        let caps = crate::sys::map_anon(std::mem::size_of::<Captures>()) as *mut Captures;
+        // Zero-filled too: no capture to reuse yet. None when reuse is off.
+        let caps = if REUSE.load(Ordering::Relaxed) {
+            crate::sys::map_anon(std::mem::size_of::<Captures>()) as *mut Captures
+        } else {
+            std::ptr::null_mut()
+        };
         // SAFETY: as above; a plain pointer field.
         unsafe { std::ptr::addr_of_mut!((*c).captures).write(caps) };
         with_registry(|r| r.caches.push(c as usize));
@@ -1406,6 +1410,7 @@ mod tests {
     #[test]
     fn walks_with_captures_equal_full_walks() {
         rebuild();
+        set_stack_reuse(true);
         let depths = std::thread::spawn(|| {
             let c = new_cache();
             assert!(!c.is_null());
