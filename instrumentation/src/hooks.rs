@@ -94,7 +94,6 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return None;
     }
-    prefetch_for_free(ptr);
     match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(r) => r,
         None => {
@@ -104,16 +103,6 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
             None
         }
     }
-}
-
-/// Starts loading what freeing `ptr` will wait for, so that the misses overlap instead of
-/// following each other: the address index's line (the erase probes it first) and the block's
-/// chunk header (glibc's `free` reads it after the erase). Hints only: no fault, whatever
-/// `ptr` is.
-#[inline(always)]
-fn prefetch_for_free(ptr: *mut u8) {
-    state::INDEX.prefetch(ptr as u64);
-    crate::sys::prefetch((ptr as usize).wrapping_sub(8) as *const u8);
 }
 
 /// `free` for callers that can let the shim free the block later: as [`record_free`], but
@@ -129,7 +118,6 @@ pub fn record_free_deferrable(ptr: *mut u8) -> bool {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return false;
     }
-    prefetch_for_free(ptr);
     match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
@@ -298,8 +286,6 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
 
 fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     let (n, size32) = state::INDEX.remove(addr)?;
-    // The record is written below, after the slot and the clock: start loading its line now.
-    g.writer.prefetch_node(n);
     if state::sample_interval() != 0 {
         state::PRESENCE.sub(addr);
     }
