@@ -225,8 +225,8 @@ impl Cache {
 }
 
 /// Whether a walk may reuse the outer part of the thread's previous capture
-/// (`HEAPDUMP_STACK_REUSE=1`; off by default, see README; see [`Captures`]).
-static REUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// (`HEAPDUMP_STACK_REUSE`, on by default; see [`Captures`]).
+static REUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Turns reusing the previous capture's outer frames on or off (process-wide; a full walk of
 /// every frame when off, the reference the reuse is tested against).

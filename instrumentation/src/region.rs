@@ -32,7 +32,7 @@ pub struct Settings {
     /// Unwind by CFI (`HEAPDUMP_UNWIND=dwarf`, the default) or by frame pointers only (`fp`).
     pub dwarf: bool,
     /// CFI walks reuse the outer frames of the thread's previous capture when they are
-    /// provably unchanged (`HEAPDUMP_STACK_REUSE=1`; off by default: every frame walked).
+    /// provably unchanged (`HEAPDUMP_STACK_REUSE`, default on; off walks every frame).
     pub stack_reuse: bool,
     /// Warnings about the settings (invalid or adjusted values), lines ending in `\n`, stored
     /// in the region's header where `heapdump list` and the profile's comments show them.
@@ -84,7 +84,7 @@ pub fn settings() -> Settings {
         disabled: false,
         sample_interval: 0,
         dwarf: cfg!(target_arch = "x86_64"),
-        stack_reuse: false,
+        stack_reuse: true,
         warnings: [0; WARNINGS_BYTES],
         warnings_len: 0,
         max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
