@@ -18,7 +18,10 @@ What it does, in order:
    Then the malloc/free storm (bench/storm.c: 81% malloc/free pairs of 8 B–64 KiB through 16
    call paths 2–24 frames deep, 10,000 live blocks per thread) against the same peers, with
    the operation phase's throughput; and bench/phases.c (8 threads allocating 500,000 blocks
-   each without freeing, then freeing them all) for bare glibc and heapdump.
+   each without freeing, then freeing them all) for bare glibc and heapdump. Then "where the
+   time goes" (section "where"): `perf record` of the storm on one thread at 100 and 10,000
+   live blocks per thread, bare and under heapdump, turned into ns per malloc/free pair by
+   component (CFI walk, address index, interning, record, TLS, glibc's extra misses, ...).
 4. CPython workload (bench/py_workload.py, Debian's /usr/bin/python3, default pymalloc):
    baseline vs heapdump (every object with Python and native frames, no flag) vs memray
    (pip, in a venv under target/bench: `memray run --trace-python-allocators`, every object
@@ -1021,6 +1024,133 @@ def section_storm(args, exes, peers, threads, c_keys):
     return out
 
 
+# Components of the shim's cost, by the symbol perf attributes a sample to (code inlined into a
+# function counts as that function's): (component, regex over "dso symbol"), first match wins.
+WHERE_COMPONENTS = [
+    ("CFI walk", r"libheapdump\.so .*(dwarf::|_Unwind)"),
+    ("frame-pointer walk", r"libheapdump\.so .*unwind::walk"),
+    ("address index", r"libheapdump\.so .*index::"),
+    ("interning (hash, cache, stack table)", r"libheapdump\.so .*(intern|stacks::|hash_frames|stack_equals|append_stack)"),
+    ("record + node (insert/erase, writer, nodes)", r"libheapdump\.so .*(hooks::insert|hooks::erase|writer::|nodes::|take_node|recycle_node|retire)"),
+    ("TLS access", r"(__tls_get_addr|LocalKey|tls_|_dl_tlsdesc)"),
+    ("exported malloc/free (guard, prefetches)",
+     r"libheapdump\.so (malloc|free|realloc|calloc|cfree|posix_memalign|aligned_alloc|memalign)$"),
+    ("rest of the shim", r"libheapdump\.so "),
+]
+WHERE_PERIOD_NS = 100000  # perf record -e cpu-clock -c 100000: one sample per 100 µs of CPU (a shorter period slows the run itself down: 50 kHz cost 2.5× here)
+WHERE_SAMPLE_RE = re.compile(r"^\s*([0-9.]+)%\s+(\d+)\s+(\S+)\s+\[[.k]\]\s+(.*)$")
+
+
+def perf_profile(argv, env, tmp):
+    """perf record one run of argv (cpu-clock, fixed period). Returns ({(dso, sym): samples},
+    error or None)."""
+    data = os.path.join(tmp, "perf.data")
+    r = run_measured(["perf", "record", "-q", "-e", "cpu-clock", "-c", str(WHERE_PERIOD_NS),
+                      "-o", data, "--"] + list(argv), env, REPO, 600)
+    if not r.ok:
+        return None, r.error
+    rep = subprocess.run(["perf", "report", "-i", data, "--no-children", "-n", "--sort", "dso,sym",
+                          "--stdio"], capture_output=True, text=True, timeout=300)
+    if rep.returncode != 0:
+        return None, "perf report failed: " + _tail(rep.stderr)
+    samples = {}
+    for line in rep.stdout.splitlines():
+        m = WHERE_SAMPLE_RE.match(line)
+        if m:
+            samples[(m.group(3), m.group(4).strip())] = int(m.group(2))
+    return samples, None
+
+
+def where_components(samples):
+    """Samples per component (WHERE_COMPONENTS, then glibc's allocator, the kernel, the
+    program and the rest)."""
+    comp = {}
+    shim = os.path.basename(SHIM)
+    for (dso, sym), n in samples.items():
+        if dso == shim:
+            dso = "libheapdump.so"  # a build measured with --shim under another name
+        key = None
+        text = f"{dso} {sym}"
+        for name, rx in WHERE_COMPONENTS:
+            if re.search(rx, text):
+                key = name
+                break
+        if key is None:
+            if dso.startswith("libc.so"):
+                key = "glibc"
+            elif "kernel" in dso:
+                key = "kernel"
+            elif dso in ("storm",):
+                key = "program"
+            else:
+                key = "other"
+        comp[key] = comp.get(key, 0) + n
+    return comp
+
+
+def section_where(args, exes, peers):
+    """Where the time goes: ns per malloc/free pair by component, from perf record on the
+    storm (1 thread) at 100 and 10,000 live blocks, bare and under heapdump (CFI)."""
+    title = "## Where the time goes (bench/storm.c, 1 thread, perf record)"
+    if not shutil.which("perf"):
+        return [title, "", "skipped: where: perf is not installed (apt-get install linux-perf)", ""]
+    ops = max(args.storm_ops // 2, 1000)
+    # Pairs: 81% of the operations are a free + malloc, 2% a realloc (counted as one pair).
+    pairs = ops * 0.83
+    lines = [title, "",
+             f"Each configuration runs {ops} and {2 * ops} operations on one thread under `perf "
+             f"record -e cpu-clock -c {WHERE_PERIOD_NS}`, bare and under heapdump (CFI stacks); "
+             "the difference between the two lengths is the cost of "
+             f"{ops} operations (≈{pairs:.0f} malloc/free pairs) without start-up, the initial "
+             f"fill or exit. {args.rounds} round(s), medians. A component is the set of "
+             "functions perf names (code inlined into a function counts as that function's); "
+             "ns per pair = samples × period / pairs. For glibc, the kernel and the program the "
+             "cell is the run under heapdump minus the bare run: what the shim's memory "
+             "traffic costs them (cache misses on glibc's chunk headers, page faults).", ""]
+    order = [n for n, _ in WHERE_COMPONENTS] + ["glibc", "kernel", "program", "other"]
+    table = {}
+    for live in (100, 10000):
+        per = {"baseline": [], "heapdump": []}
+        for _ in range(args.rounds):
+            for key in ("baseline", "heapdump"):
+                runs = []
+                for n in (ops, 2 * ops):
+                    argv = [exes["storm"], "1", str(n), str(live)]
+                    with tempfile.TemporaryDirectory(prefix="heapdump-where-") as tmp:
+                        a, e = peers[key].wrap(argv, base_env(), tmp)
+                        samples, err = perf_profile(a, e, tmp)
+                    if samples is None:
+                        return [title, "", f"skipped: where: perf record failed: {err}", ""]
+                    runs.append(where_components(samples))
+                short, long_ = runs
+                per[key].append({c: long_.get(c, 0) - short.get(c, 0)
+                                 for c in set(short) | set(long_)})
+
+        def ns(key, comp):
+            return statistics.median(c.get(comp, 0) for c in per[key]) * WHERE_PERIOD_NS / pairs
+        col = {}
+        for comp in order:
+            if comp in ("glibc", "kernel", "program", "other"):
+                col[comp] = ns("heapdump", comp) - ns("baseline", comp)
+            else:
+                col[comp] = ns("heapdump", comp)
+        col["total added"] = (statistics.median(sum(c.values()) for c in per["heapdump"]) -
+                              statistics.median(sum(c.values()) for c in per["baseline"])) \
+            * WHERE_PERIOD_NS / pairs
+        col["bare run (glibc + program)"] = statistics.median(
+            sum(c.values()) for c in per["baseline"]) * WHERE_PERIOD_NS / pairs
+        table[live] = col
+    lines += ["| component | ns per pair, 100 live blocks | ns per pair, 10,000 live blocks |",
+              "|---|---|---|"]
+    for comp in order + ["total added", "bare run (glibc + program)"]:
+        a, b = table[100].get(comp, 0.0), table[10000].get(comp, 0.0)
+        if comp in ("glibc", "kernel", "program", "other", "total added"):
+            lines.append(f"| {comp} | {a:+.1f} | {b:+.1f} |")
+        else:
+            lines.append(f"| {comp} | {a:.1f} | {b:.1f} |")
+    return lines + [""]
+
+
 PHASES_RE = re.compile(r"alloc=([0-9.]+) free=([0-9.]+)")
 
 
@@ -1538,7 +1668,7 @@ def main():
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: c, storm, phases, rust, python, "
+                    help="comma-separated sections to skip: c, storm, phases, where, rust, python, "
                          "snapshot, graph, threads, continuous, latency, footprint")
     ap.add_argument("--continuous-seconds", type=int, default=60,
                     help="length of the continuous section's `heapdump watch --every 1s` runs "
@@ -1546,6 +1676,9 @@ def main():
     ap.add_argument("--latency-blocks", type=int, default=1000000,
                     help="live blocks held by the latency benchmark's target (default 1000000)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler (default cc)")
+    ap.add_argument("--shim", default=None,
+                    help="libheapdump.so to measure instead of target/release's (e.g. an older "
+                         "build, for a before/after comparison)")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
         ap.error("--rounds, --ops, --py-iters and --blocks must be positive")
@@ -1557,6 +1690,9 @@ def main():
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
 
     os.chdir(REPO)
+    if args.shim:
+        global SHIM
+        SHIM = os.path.abspath(args.shim)
     load = BackgroundLoad()
     machine = machine_lines()  # before anything runs: the load average at start
     build_line = freeze_heapdump_build()
@@ -1574,6 +1710,7 @@ def main():
         ("c", lambda: section_c(args, exes, peers, threads, c_keys)),
         ("storm", lambda: section_storm(args, exes, peers, threads, c_keys)),
         ("phases", lambda: section_phases(args, exes, peers)),
+        ("where", lambda: section_where(args, exes, peers)),
         ("rust", lambda: section_rust(args)),
         ("python", lambda: section_python(args, peers)),
         ("snapshot", lambda: section_snapshot(args, exes)),

@@ -2,9 +2,10 @@
  * bench/storm.c — a malloc/free storm (issue 11): what a busy service's allocator sees, without
  * the reallocs of large blocks that make bench/workload.c's baseline slow.
  *
- *   usage: storm THREADS OPS_PER_THREAD
+ *   usage: storm THREADS OPS_PER_THREAD [LIVE]
  *
- * Each thread keeps 10,000 live blocks. Each operation runs through one of 16 call paths
+ * Each thread keeps LIVE live blocks (default 10,000; bench/run.py's "where the time goes"
+ * also runs it with 100, where every block stays in cache). Each operation runs through one of 16 call paths
  * 2 to 24 frames deep and is, at random: 81% a malloc/free pair (the block in a random slot
  * freed, a new one of 8 B–64 KiB, log-uniform, allocated in its place), 2% a realloc of a slot
  * to a new size, 17% a write into a slot's block (work without allocation).
@@ -21,10 +22,11 @@
 #include <string.h>
 #include <time.h>
 
-#define LIVE 10000
+#define MAX_LIVE 1000000
 #define PATHS 16
 
 static long ops_per_thread;
+static size_t LIVE = 10000;
 static pthread_barrier_t start_barrier;
 
 static double now_s(void) {
@@ -34,7 +36,7 @@ static double now_s(void) {
 }
 
 struct th {
-    void *slot[LIVE];
+    void **slot;
     uint64_t rng;
     uint64_t sum;
 };
@@ -119,15 +121,18 @@ static void *run(void *arg) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     ops_per_thread = argc > 2 ? atol(argv[2]) : 2000000;
-    if (threads < 1 || threads > 256 || ops_per_thread < 0) {
-        fprintf(stderr, "usage: storm THREADS OPS_PER_THREAD\n");
+    long live = argc > 3 ? atol(argv[3]) : 10000;
+    if (threads < 1 || threads > 256 || ops_per_thread < 0 || live < 1 || live > MAX_LIVE) {
+        fprintf(stderr, "usage: storm THREADS OPS_PER_THREAD [LIVE]\n");
         return 2;
     }
+    LIVE = (size_t)live;
     pthread_barrier_init(&start_barrier, NULL, threads + 1);
     pthread_t tid[256];
     struct th *ts = calloc(threads, sizeof *ts);
     for (int i = 0; i < threads; i++) {
         ts[i].rng = 0x9e3779b97f4a7c15ull * (i + 1);
+        ts[i].slot = calloc(LIVE, sizeof(void *));
         pthread_create(&tid[i], NULL, run, &ts[i]);
     }
     pthread_barrier_wait(&start_barrier);
@@ -138,6 +143,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < threads; i++) {
         pthread_join(tid[i], NULL);
         sum += ts[i].sum;
+        free(ts[i].slot);
     }
     printf("threads=%d ops=%ld elapsed=%.6f checksum=%llu\n", threads, ops_per_thread, elapsed,
            (unsigned long long)sum);

@@ -2,7 +2,7 @@
 //! thread and recorded when the interrupted operation ends (see ARCHITECTURE.md, "Start-up
 //! and process events", reentrancy guard).
 
-use crate::state::{acquire_slot, release_slot, Global, Tls, TLS};
+use crate::state::{acquire_slot, release_slot, with_tls, Global, Tls};
 use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -119,7 +119,7 @@ impl Deferred {
 /// operation ends. For a free, returns true when the caller must not free the block: the
 /// drain will, after closing its record (only with [`set_real_free`]).
 pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> bool {
-    TLS.with(|t| {
+    with_tls(|t| {
         let mut d = t.deferred.get();
         if d.is_null() {
             d = map_anon(std::mem::size_of::<Deferred>()) as *mut Deferred;

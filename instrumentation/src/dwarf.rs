@@ -183,6 +183,9 @@ pub struct Cache {
     /// of nearly every frame of code built with frame pointers, checked here first.
     fp_keys: [u64; FP_KEYS],
     ctx: UnwindContext<usize, Fixed>,
+    /// The last two captures (see [`Captures`]), in a mapping of their own; null when it
+    /// could not be mapped (every walk is then a full one).
+    captures: *mut Captures,
 }
 
 impl std::fmt::Debug for Cache {
@@ -218,6 +221,85 @@ impl Cache {
         let rule = compute(objects, &mut self.ctx, key, &mut self.missed);
         *slot = Slot { key, rule };
         rule
+    }
+}
+
+/// Whether a walk may reuse the outer part of the thread's previous capture
+/// (`HEAPDUMP_STACK_REUSE`, on by default; see [`Captures`]).
+static REUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns reusing the previous capture's outer frames on or off (process-wide; a full walk of
+/// every frame when off, the reference the reuse is tested against).
+pub fn set_stack_reuse(on: bool) {
+    REUSE.store(on, Ordering::Relaxed);
+}
+
+/// One walk, as needed to reuse its outer frames: every frame's return address, the
+/// registers of the frame it returns into (`sp` = that frame's CFA, `bp` as restored) and
+/// where that `bp` was read from, and the stack words whose values ended the walk.
+///
+/// Why reuse is exact: a walk is a function of the registers it starts from, the rules of the
+/// code addresses it meets (fixed for an object list generation), the bounds of the stack, and
+/// the words it reads — for each frame the return address at CFA − 8 and, when the rule says
+/// so, the saved `rbp`; at the end the words that stopped it. So when a new walk reaches a
+/// frame whose return address and registers (`sp`, `bp`) equal those of frame `c` of the
+/// previous capture, with the same stack top and object list, and every word the previous walk
+/// read for the frames after `c` (and to end) still holds the value read then (re-read now, at
+/// the same address), the rest of the new walk would read the same words, apply the same
+/// rules and find the same frames: they are copied. Any difference (a `longjmp` or exception
+/// that left other frames there, a coroutine's other stack, a signal frame, another object
+/// list) means a full walk. Nothing in the program's stack is changed (unlike a shadow stack
+/// that patches return addresses).
+#[repr(C)]
+struct Capture {
+    /// Frames captured; 0: nothing reusable; [`MAX_FRAMES`]: truncated, not reusable.
+    n: usize,
+    /// The stack top the walk read below.
+    hi: u64,
+    /// The object list generation of its rules.
+    generation: u64,
+    /// Words read by the step that ended the walk: how many (0–2), their addresses and
+    /// values (`None`: the address was outside the readable stack).
+    ends: usize,
+    end_at: [u64; 2],
+    end_val: [Option<u64>; 2],
+    out: [u64; MAX_FRAMES],
+    sp: [u64; MAX_FRAMES],
+    bp: [u64; MAX_FRAMES],
+    /// Where `bp[i]` was read from; 0: not read (kept from the frame below, or lost).
+    bp_at: [u64; MAX_FRAMES],
+}
+
+/// A thread's last capture and the one being made (they alternate).
+#[repr(C)]
+struct Captures {
+    pair: [Capture; 2],
+    /// Which of `pair` is the last capture.
+    last: usize,
+    /// Walks, frames found and frames reused in the current window of [`WINDOW`] walks.
+    window: (u32, u32, u32),
+    /// Walks left that neither record nor reuse (see [`WINDOW`]).
+    pause: u32,
+}
+
+/// Walks per window over which a thread's reuse is judged: when under an eighth of the frames
+/// found in a window were reused (a program whose consecutive allocations share few outer
+/// frames, such as bench/storm.c's 16 random call paths), the next [`PAUSE`] walks are plain
+/// ones, without the cost of recording a capture and looking for a match (measured on the
+/// storm: +25 ns a malloc/free pair recording, +15 ns more matching, for nothing).
+const WINDOW: u32 = 256;
+/// See [`WINDOW`].
+const PAUSE: u32 = 16 * WINDOW;
+
+impl Capture {
+    #[inline(always)]
+    fn end(&mut self, at: u64, val: Option<u64>) {
+        let k = self.ends;
+        if k < 2 {
+            self.end_at[k] = at;
+            self.end_val[k] = val;
+            self.ends = k + 1;
+        }
     }
 }
 
@@ -281,6 +363,14 @@ pub fn new_cache() -> *mut Cache {
         // SAFETY: `c` is a fresh mapping for a Cache; the context is written without reading
         // (or dropping) the zeroed bytes there.
         unsafe { std::ptr::addr_of_mut!((*c).ctx).write(UnwindContext::new_in()) };
+        // Zero-filled too: no capture to reuse yet. None when reuse is off.
+        let caps = if REUSE.load(Ordering::Relaxed) {
+            crate::sys::map_anon(std::mem::size_of::<Captures>()) as *mut Captures
+        } else {
+            std::ptr::null_mut()
+        };
+        // SAFETY: as above; a plain pointer field.
+        unsafe { std::ptr::addr_of_mut!((*c).captures).write(caps) };
         with_registry(|r| r.caches.push(c as usize));
     }
     c
@@ -297,6 +387,10 @@ pub unsafe fn free_cache(c: *mut Cache) {
     // (its storage is fixed-size, but drop it properly all the same).
     unsafe {
         std::ptr::drop_in_place(std::ptr::addr_of_mut!((*c).ctx));
+        let caps = (*c).captures;
+        if !caps.is_null() {
+            crate::sys::unmap(caps as *mut u8, std::mem::size_of::<Captures>());
+        }
         crate::sys::unmap(c as *mut u8, std::mem::size_of::<Cache>());
     }
 }
@@ -610,6 +704,50 @@ fn unwind(
         cache.fp_keys.fill(0);
         cache.generation = objects.generation;
     }
+    // The previous capture (to reuse from) and the one this walk records.
+    let mut caps = cache.captures;
+    if !caps.is_null() {
+        // SAFETY: the thread's own captures, used by this walk only.
+        let c = unsafe { &mut *caps };
+        if !REUSE.load(Ordering::Relaxed) {
+            caps = std::ptr::null_mut();
+        } else if c.pause > 0 {
+            c.pause -= 1;
+            caps = std::ptr::null_mut();
+        }
+    }
+    let (last, cur): (*const Capture, *mut Capture) = if caps.is_null() {
+        (std::ptr::null(), std::ptr::null_mut())
+    } else {
+        // SAFETY: the thread's own captures (see `Captures`); nothing else refers to them
+        // during this walk. Raw pointers to the two distinct elements.
+        unsafe {
+            let l = (*caps).last & 1;
+            (
+                std::ptr::addr_of!((*caps).pair[l]),
+                std::ptr::addr_of_mut!((*caps).pair[1 - l]),
+            )
+        }
+    };
+    let mut m8 = Matcher {
+        // SAFETY: `last` is null or a capture no one writes during this walk.
+        on: !last.is_null() && {
+            let l = unsafe { &*last };
+            l.n > 0 && l.n < MAX_FRAMES && l.hi == hi && l.generation == objects.generation
+        },
+        cursor: 0,
+        last,
+        cur,
+        lo,
+        hi,
+        reused: 0,
+        changed: 0,
+        same_depth: usize::MAX,
+    };
+    if !cur.is_null() {
+        // SAFETY: the capture being recorded, written by this walk only.
+        unsafe { (*cur).ends = 0 };
+    }
     let read = |a: u64| -> Option<u64> {
         if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
             // SAFETY: the address lies in this thread's mapped stack, above the stack pointer.
@@ -618,9 +756,16 @@ fn unwind(
             None
         }
     };
+    // Records a word read by the step that ends the walk.
+    let end = |at: u64, val: Option<u64>| {
+        if !cur.is_null() {
+            // SAFETY: as above.
+            unsafe { (*cur).end(at, val) };
+        }
+    };
     let mut n = 0;
     let mut key = key;
-    while n < MAX_FRAMES {
+    'walk: while n < MAX_FRAMES {
         let rule = match key {
             Some(k) => cache.rule(objects, k),
             None => RULE_FRAME_POINTER,
@@ -632,15 +777,19 @@ fn unwind(
             let mut m = 0;
             let mut f = bp;
             let mut floor = sp;
+            // Whether the chain ended on the words at `f` (not on its own order or the limit).
+            let mut ended_on_read = false;
             while n + m < MAX_FRAMES {
                 let cfa = f.wrapping_add(16);
                 if cfa <= floor {
                     break;
                 }
                 let (Some(ret), Some(next)) = (read(f.wrapping_add(8)), read(f)) else {
+                    ended_on_read = true;
                     break;
                 };
                 if ret < 4096 {
+                    ended_on_read = true;
                     break;
                 }
                 fs[m].write(f);
@@ -651,6 +800,10 @@ fn unwind(
             }
             fs[m].write(f);
             if m == 0 {
+                if ended_on_read {
+                    end(f.wrapping_add(8), read(f.wrapping_add(8)));
+                    end(f, read(f));
+                }
                 break;
             }
             // Pass 2: frame n + j is right if the code returned to by frame n + j - 1 keeps a
@@ -662,11 +815,33 @@ fn unwind(
                     break;
                 }
             }
-            if good > m {
-                return n + m;
+            // Frames n .. n + min(good, m) - 1 are right: the frame each returns into has sp
+            // just above its frame record and rbp as that record saved it.
+            // Only the run's last frame is matched against the last capture: frames that keep
+            // frame pointers walk about as fast as they would be checked, and a match looked
+            // for at every frame costs branch mispredictions of its own.
+            let run = good.min(m);
+            for j in 0..run - 1 {
+                // SAFETY: j + 1 <= m, and pass 1 wrote fs[0..=m].
+                let (fp, fbp) = unsafe { (fs[j].assume_init(), fs[j + 1].assume_init()) };
+                m8.record(n + j, fp + 16, fbp, fp);
             }
-            // Frames up to n + good - 1 are right; the code of the next one is unwound by its
-            // own rule, with the registers it had: sp above the last frame, rbp as restored.
+            // SAFETY: as above, j = run - 1.
+            let (fp, fbp) = unsafe { (fs[run - 1].assume_init(), fs[run].assume_init()) };
+            if let Some(total) = m8.found(n + run - 1, fp + 16, fbp, fp, out) {
+                n = total;
+                break 'walk;
+            }
+            if good > m {
+                n += m;
+                if ended_on_read {
+                    end(f.wrapping_add(8), read(f.wrapping_add(8)));
+                    end(f, read(f));
+                }
+                break;
+            }
+            // The code of the next frame is unwound by its own rule, with the registers it
+            // had: sp above the last frame, rbp as restored.
             let j = good;
             key = Some(out[n + j - 1] - 1);
             // SAFETY: 1 <= j <= m, and pass 1 wrote fs[0..=m].
@@ -684,26 +859,240 @@ fn unwind(
         if cfa <= sp {
             break;
         }
-        let Some(ret) = read(cfa.wrapping_sub(8)) else {
+        let ret_at = cfa.wrapping_sub(8);
+        let Some(ret) = read(ret_at) else {
+            end(ret_at, None);
             break;
         };
+        let mut bp_at = 0;
         match rule.bp {
             BP_SAME => {}
-            BP_AT => match read(cfa.wrapping_add(rule.bp_offset as i64 as u64)) {
-                Some(v) => bp = v,
-                None => break,
-            },
+            BP_AT => {
+                bp_at = cfa.wrapping_add(rule.bp_offset as i64 as u64);
+                match read(bp_at) {
+                    Some(v) => bp = v,
+                    None => {
+                        end(ret_at, Some(ret));
+                        end(bp_at, None);
+                        break;
+                    }
+                }
+            }
             _ => bp = 0,
         }
         sp = cfa;
         if ret < 4096 {
+            end(ret_at, Some(ret));
+            if bp_at != 0 {
+                end(bp_at, Some(bp));
+            }
             break;
         }
         out[n] = ret;
+        if let Some(total) = m8.found(n, sp, bp, bp_at, out) {
+            n = total;
+            break;
+        }
         n += 1;
         key = Some(ret - 1);
     }
+    if !cur.is_null() {
+        // SAFETY: as above; `last` and `cur` are distinct captures of `caps`.
+        unsafe {
+            let c = &mut *cur;
+            if m8.same_depth != usize::MAX {
+                // Reused at the same depth: the last capture stays, its frames up to the one
+                // matched replaced by this walk's (usually a few, against the copied rest).
+                let l = &mut *(last as *mut Capture);
+                let k = m8.same_depth + 1;
+                l.out[..k].copy_from_slice(&out[..k]);
+                l.sp[..k].copy_from_slice(&c.sp[..k]);
+                l.bp[..k].copy_from_slice(&c.bp[..k]);
+                l.bp_at[..k].copy_from_slice(&c.bp_at[..k]);
+                if cache.missed {
+                    l.n = 0;
+                }
+            } else {
+                // A walk that met code in no known object may be walked again on a newer
+                // object list (see `take_stale`): such a capture is not reused.
+                c.n = if cache.missed { 0 } else { n };
+                c.hi = hi;
+                c.generation = objects.generation;
+                c.out[..n].copy_from_slice(&out[..n]);
+                (*caps).last ^= 1;
+            }
+            let caps = &mut *caps;
+            let (walks, frames, reused) = caps.window;
+            caps.window = (walks + 1, frames + n as u32, reused + m8.reused as u32);
+            if walks + 1 == WINDOW {
+                if (reused + m8.reused as u32) * 8 < frames + n as u32 {
+                    caps.pause = PAUSE;
+                    // The capture is stale once walks stop recording.
+                    caps.pair[caps.last & 1].n = 0;
+                }
+                caps.window = (0, 0, 0);
+            }
+        }
+    }
     n
+}
+
+/// Fewest frames worth reusing: a shorter rest is walked (checking and copying it costs about
+/// as much).
+const MIN_REUSED: usize = 6;
+
+/// A walk's view of the thread's captures (see [`Capture`]).
+struct Matcher {
+    /// Whether the walk may still meet the last capture.
+    on: bool,
+    /// Frames of the last capture below the walk's current stack pointer.
+    cursor: usize,
+    last: *const Capture,
+    cur: *mut Capture,
+    lo: u64,
+    hi: u64,
+    /// Frames this walk copied.
+    reused: u64,
+    /// The lowest frame of the last capture found changed: frames below it are not reused.
+    changed: usize,
+    /// The frame matched when it was at the same index in both walks (the last capture is then
+    /// kept and updated in place); `usize::MAX` otherwise.
+    same_depth: usize,
+}
+
+impl Matcher {
+    /// Records frame `i`'s registers (see [`Self::found`]) without looking for a match.
+    #[inline(always)]
+    fn record(&mut self, i: usize, sp: u64, bp: u64, bp_at: u64) {
+        if self.cur.is_null() {
+            return;
+        }
+        // SAFETY: the capture being recorded, written by this walk only.
+        let cur = unsafe { &mut *self.cur };
+        cur.sp[i] = sp;
+        cur.bp[i] = bp;
+        cur.bp_at[i] = bp_at;
+    }
+
+    /// Frame `i` (return address `out[i]`) was found; the frame it returns into has registers
+    /// `sp`, `bp`, the latter read from `bp_at` (0: not read). Records them and, while the walk
+    /// may still meet the last capture, looks for it there: returns the total frame count when
+    /// the rest was copied from it.
+    #[inline(always)]
+    fn found(
+        &mut self,
+        i: usize,
+        sp: u64,
+        bp: u64,
+        bp_at: u64,
+        out: &mut [u64; MAX_FRAMES],
+    ) -> Option<usize> {
+        if self.cur.is_null() {
+            return None;
+        }
+        self.record(i, sp, bp, bp_at);
+        // SAFETY: the capture being recorded, written by this walk only.
+        let cur = unsafe { &mut *self.cur };
+        if !self.on {
+            return None;
+        }
+        // SAFETY: non-null when `on`; read only, distinct from `cur`.
+        let l = unsafe { &*self.last };
+        let mut c = self.cursor;
+        while c < l.n && l.sp[c] < sp {
+            c += 1;
+        }
+        self.cursor = c;
+        // A short rest is walked as fast as it would be checked and copied.
+        if c + MIN_REUSED >= l.n
+            || c < self.changed
+            || l.sp[c] != sp
+            || l.out[c] != out[i]
+            || l.bp[c] != bp
+        {
+            return None;
+        }
+        // Most candidates differ right above (the same call site reached from elsewhere):
+        // look at the next frame's return address first.
+        let next_at = l.sp[c + 1].wrapping_sub(8);
+        // SAFETY: read only when inside this thread's mapped stack, as the walk's reads.
+        if next_at < self.lo
+            || next_at > self.hi.wrapping_sub(8)
+            || unsafe { *(next_at as *const u64) } != l.out[c + 1]
+        {
+            self.changed = c + 1;
+            return None;
+        }
+        match reuse(l, c, i, self.lo, self.hi, out, cur) {
+            Ok(total) => {
+                self.on = false;
+                self.reused = (total - i - 1) as u64;
+                if i == c {
+                    self.same_depth = i;
+                }
+                Some(total)
+            }
+            Err(k) => {
+                // Frame k of the last capture changed: a frame below it cannot be reused.
+                self.changed = k;
+                None
+            }
+        }
+    }
+}
+
+/// Frame `i` of a walk matched frame `c` of the last capture `l` (same return address and
+/// registers): if every stack word `l` read for its frames after `c` and at its end still
+/// holds what it read (and every address found out of bounds still is), copies those frames
+/// into `out` after `i`, and their registers and end into `cur`. Returns the walk's frame
+/// count, or the first frame of `l` found changed (`l.n`: its end), and the full walk goes on.
+#[inline(never)]
+fn reuse(
+    l: &Capture,
+    c: usize,
+    i: usize,
+    lo: u64,
+    hi: u64,
+    out: &mut [u64; MAX_FRAMES],
+    cur: &mut Capture,
+) -> Result<usize, usize> {
+    let read = |a: u64| -> Option<u64> {
+        if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
+            // SAFETY: checked as the walk checks its reads: inside this thread's mapped
+            // stack, above the stack pointer.
+            Some(unsafe { *(a as *const u64) })
+        } else {
+            None
+        }
+    };
+    for k in c + 1..l.n {
+        if read(l.sp[k].wrapping_sub(8)) != Some(l.out[k]) {
+            return Err(k);
+        }
+        if l.bp_at[k] != 0 && read(l.bp_at[k]) != Some(l.bp[k]) {
+            return Err(k);
+        }
+    }
+    for k in 0..l.ends.min(2) {
+        if read(l.end_at[k]) != l.end_val[k] {
+            return Err(l.n);
+        }
+    }
+    let tail = l.n - c - 1;
+    let total = (i + 1 + tail).min(MAX_FRAMES);
+    out[i + 1..total].copy_from_slice(&l.out[c + 1..c + 1 + (total - i - 1)]);
+    if i == c {
+        // The caller keeps `l` as the last capture (see `Matcher::same_depth`).
+        return Ok(total);
+    }
+    let from = c + 1..c + 1 + (total - i - 1);
+    cur.sp[i + 1..total].copy_from_slice(&l.sp[from.clone()]);
+    cur.bp[i + 1..total].copy_from_slice(&l.bp[from.clone()]);
+    cur.bp_at[i + 1..total].copy_from_slice(&l.bp_at[from]);
+    cur.ends = l.ends;
+    cur.end_at = l.end_at;
+    cur.end_val = l.end_val;
+    Ok(total)
 }
 
 #[cfg(test)]
@@ -981,5 +1370,61 @@ mod tests {
         // start does not.
         assert!(by_bp >= 7, "{by_bp} frames with an rbp-based CFA checked");
         assert!(by_sp >= 1, "{by_sp} frames with an rsp-based CFA checked");
+    }
+
+    /// Walks from here with `reusing` (a cache kept across walks) and with a fresh cache (a
+    /// full walk); the two must agree.
+    #[inline(never)]
+    fn compare_here(reusing: *mut Cache) -> usize {
+        let (pc, sp) = crate::here!();
+        let bp = crate::frame_pointer!() as u64;
+        let hi = crate::unwind::current_stack_bounds(false).1;
+        let fresh = new_cache();
+        assert!(!fresh.is_null());
+        let (mut a, mut b) = ([0u64; MAX_FRAMES], [0u64; MAX_FRAMES]);
+        // SAFETY: both caches are this thread's, one walk at a time.
+        let (na, nb) = unsafe {
+            (
+                walk_from(pc, sp, bp, hi, &mut *reusing, &mut a),
+                walk_from(pc, sp, bp, hi, &mut *fresh, &mut b),
+            )
+        };
+        // SAFETY: made above, not used again.
+        unsafe { free_cache(fresh) };
+        assert_eq!(&a[..na], &b[..nb]);
+        na
+    }
+
+    #[inline(never)]
+    fn nest(depth: u32, c: *mut Cache, f: fn(*mut Cache) -> usize) -> usize {
+        if depth == 0 {
+            std::hint::black_box(f(c))
+        } else {
+            std::hint::black_box(nest(std::hint::black_box(depth - 1), c, f))
+        }
+    }
+
+    /// Walks that record captures and look for the previous one give what full walks give.
+    /// (Rust code here keeps frame pointers, so little is reused: the reuse itself is tested
+    /// on C++ built without them, collector/tests/hotpath.rs.)
+    #[test]
+    fn walks_with_captures_equal_full_walks() {
+        rebuild();
+        set_stack_reuse(true);
+        let depths = std::thread::spawn(|| {
+            let c = new_cache();
+            assert!(!c.is_null());
+            let mut depths = std::collections::BTreeSet::new();
+            for i in 0..200u32 {
+                // Same site at several depths, repeated: consecutive walks share outer frames.
+                depths.insert(nest(i % 7 + (i / 50), c, compare_here));
+            }
+            // SAFETY: made above, not used again.
+            unsafe { free_cache(c) };
+            depths
+        })
+        .join()
+        .unwrap();
+        assert!(depths.len() >= 7, "depths seen: {depths:?}");
     }
 }

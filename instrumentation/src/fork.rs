@@ -70,7 +70,7 @@ pub fn register_fork_handlers() {
     if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
-    TLS.with(|t| {
+    crate::state::with_tls(|t| {
         internal(t, || {
             // SAFETY: registering handlers of the right signature; may allocate (the guard
             // routes that to glibc).
@@ -147,7 +147,7 @@ pub(crate) extern "C" fn fork_child() {
         return;
     }
     let lease = FORK_LEASE.load(Ordering::Relaxed);
-    TLS.with(|t| {
+    crate::state::with_tls(|t| {
         internal(t, || {
             if !child_region(g, t, lease) {
                 STATE.store(DISABLED, Ordering::Release);

@@ -13,7 +13,8 @@
 //! [`global_alloc`], [`attach`] and [`glibc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
 //! raw-fork detection), `nodes` (record recycling), `region` (the region file and settings),
 //! `stacks` (stack interning), `index` (address → record), `modules` (the module table),
-//! `sys` (helpers usable inside malloc).
+//! `sys` (helpers usable inside malloc), `tls` (the initial-exec word that finds the thread's
+//! state without `__tls_get_addr`).
 //!
 //! Nothing on the recording path allocates, panics or takes a lock shared by all threads.
 
@@ -39,6 +40,8 @@ mod region;
 mod stacks;
 pub mod state;
 mod sys;
+#[cfg(target_arch = "x86_64")]
+mod tls;
 pub mod unwind;
 
 pub use global_alloc::HeapdumpAlloc;

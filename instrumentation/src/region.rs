@@ -31,6 +31,9 @@ pub struct Settings {
     pub sample_interval: u64,
     /// Unwind by CFI (`HEAPDUMP_UNWIND=dwarf`, the default) or by frame pointers only (`fp`).
     pub dwarf: bool,
+    /// CFI walks reuse the outer frames of the thread's previous capture when they are
+    /// provably unchanged (`HEAPDUMP_STACK_REUSE`, default on; off walks every frame).
+    pub stack_reuse: bool,
     /// Warnings about the settings (invalid or adjusted values), lines ending in `\n`, stored
     /// in the region's header where `heapdump list` and the profile's comments show them.
     pub warnings: [u8; WARNINGS_BYTES],
@@ -81,6 +84,7 @@ pub fn settings() -> Settings {
         disabled: false,
         sample_interval: 0,
         dwarf: cfg!(target_arch = "x86_64"),
+        stack_reuse: true,
         warnings: [0; WARNINGS_BYTES],
         warnings_len: 0,
         max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
@@ -150,6 +154,10 @@ pub fn settings() -> Settings {
                     s.warn(&[shown, b" is neither dwarf nor fp: using dwarf"]);
                 }
             }
+            b"HEAPDUMP_STACK_REUSE" => match flag(v) {
+                Some(b) => s.stack_reuse = b,
+                None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
+            },
             b"HEAPDUMP_MAX_BLOCKS" => {
                 if let Some(x) = sized(&mut s, shown, v, 64, u32::MAX as u64 - 1) {
                     s.caps.nodes = x;

@@ -52,7 +52,7 @@ pub fn nested_calls() -> u64 {
 /// shim's own (its unwinder tables, libc calls at start-up), not the program's, and is not
 /// recorded. A counting inner allocator can use this to keep its tally comparable.
 pub fn inside_shim() -> bool {
-    TLS.with(|t| t.guard.get() != GUARD_FREE)
+    with_tls(|t| t.guard.get() != GUARD_FREE)
 }
 
 /// [`Tls::guard`]: the thread is not inside the shim.
@@ -76,7 +76,7 @@ const GUARD_FORWARD: u8 = 3;
 /// call: a signal handler's allocation meanwhile is passed through unrecorded too.
 #[inline(always)]
 pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
-    TLS.with(|t| {
+    with_tls(|t| {
         let outer = t.guard.get();
         if outer == GUARD_FREE {
             t.guard.set(GUARD_FORWARD);
@@ -89,7 +89,7 @@ pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
 
 /// Runs `f` as the shim's own work (see [`internal`]) on the calling thread.
 pub(crate) fn internal_work<R>(f: impl FnOnce() -> R) -> R {
-    TLS.with(|t| internal(t, f))
+    with_tls(|t| internal(t, f))
 }
 
 /// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
@@ -122,7 +122,7 @@ pub(crate) fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
 /// Blocks recorded by the calling thread's slot (0 if it has none yet).
 pub fn thread_recorded_allocations() -> u64 {
     let Some(g) = global() else { return 0 };
-    TLS.with(|t| match t.slot.get() {
+    with_tls(|t| match t.slot.get() {
         0 | EXITED => 0,
         s => g.writer.thread(s - 1).allocs.load(Ordering::Relaxed),
     })
@@ -325,7 +325,39 @@ impl Tls {
 }
 
 thread_local! {
-    pub(crate) static TLS: Tls = const { Tls::new() };
+    /// The thread's state. Reach it through [`with_tls`], which finds it without
+    /// `__tls_get_addr` on x86-64.
+    static TLS: Tls = const { Tls::new() };
+}
+
+/// Runs `f` with the calling thread's [`Tls`]. On x86-64 its address comes from one
+/// initial-exec TLS word ([`crate::tls`]), set at the thread's first call: a `fs:`-relative
+/// load instead of a call to `__tls_get_addr`. The state is const-initialised and has no
+/// destructor, so it is usable at any time, from inside `malloc` too.
+#[inline(always)]
+pub(crate) fn with_tls<R>(f: impl FnOnce(&Tls) -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut p = crate::tls::get() as *const Tls;
+        if p.is_null() {
+            p = tls_first();
+        }
+        // SAFETY: `p` is the address of this thread's `TLS`, which lives as long as the
+        // thread (no destructor); only this thread uses it, through shared references.
+        f(unsafe { &*p })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    TLS.with(f)
+}
+
+/// The thread's first access: stores its state's address in the initial-exec word.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+fn tls_first() -> *const Tls {
+    let p = TLS.with(|t| t as *const Tls);
+    crate::tls::set(p as *const u8);
+    p
 }
 
 /// The sampling interval in bytes (0: every allocation is recorded).
@@ -340,7 +372,7 @@ pub fn sample_interval() -> u64 {
 /// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that.
 #[inline]
 pub fn sample(size: u64, interval: u64) -> bool {
-    TLS.with(|t| {
+    with_tls(|t| {
         let mut left = t.sample_left.get();
         if left == i64::MIN {
             left = draw(t, interval);
@@ -400,7 +432,7 @@ fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> O
             global()?
         }
     };
-    TLS.with(|t| {
+    with_tls(|t| {
         let guard = t.guard.get();
         // The guard to go back to: a forwarded call goes on once this record is made.
         let outer = guard;
@@ -442,14 +474,14 @@ fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> O
 
 /// [`Tls::stack_limit`] of the calling thread.
 pub fn stack_limit(sp: usize) -> usize {
-    TLS.with(|t| t.stack_limit(sp))
+    with_tls(|t| t.stack_limit(sp))
 }
 
 /// Whether the calling thread is a signal handler that interrupted this thread's recording:
 /// its allocator call must be deferred ([`defer`]).
 #[inline]
 pub fn interrupted_recording() -> bool {
-    TLS.with(|t| t.guard.get() == GUARD_RECORDING)
+    with_tls(|t| t.guard.get() == GUARD_RECORDING)
 }
 
 /// Starts recording if nobody has yet. Safe to call from any thread at any time.
@@ -461,7 +493,7 @@ pub fn init() {
     {
         return;
     }
-    TLS.with(|t| {
+    with_tls(|t| {
         internal(t, || {
             let ok = init_locked();
             STATE.store(if ok { READY } else { DISABLED }, Ordering::Release);
@@ -484,6 +516,8 @@ fn init_locked() -> bool {
     };
     SAMPLE_INTERVAL.store(settings.sample_interval, Ordering::Relaxed);
     DWARF.store(settings.dwarf, Ordering::Relaxed);
+    #[cfg(target_arch = "x86_64")]
+    crate::dwarf::set_stack_reuse(settings.stack_reuse);
     let Some(stacks) = StackIndex::new() else {
         return false;
     };
@@ -531,7 +565,7 @@ pub fn rebuild_unwind_tables(t: &Tls) {
 /// `dlopen`/`dlclose`).
 pub fn refresh_modules() {
     if let Some(g) = global() {
-        TLS.with(|t| {
+        with_tls(|t| {
             internal(t, || {
                 crate::modules::refresh(&g.writer, &g.exe[..g.exe_len]);
                 #[cfg(target_arch = "x86_64")]
@@ -578,7 +612,7 @@ pub(crate) fn register_thread(g: &Global, t: &Tls) {
 
 unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
     let Some(g) = global() else { return };
-    TLS.with(|t| {
+    with_tls(|t| {
         let outer = t.guard.replace(GUARD_INTERNAL);
         t.exited.set(true);
         flush_nodes(g, t);
