@@ -4,8 +4,9 @@
  *
  *   usage: dlopen_shim PATH_TO_LIBHEAPDUMP_SO
  *
- * The shim keeps one initial-exec TLS word (its per-thread state pointer); glibc must still
- * load it by dlopen from its small static-TLS surplus. Each thread keeps 100 blocks of 48 B
+ * The shim keeps one TLS word (its per-thread state pointer, read through a TLS descriptor);
+ * glibc must still load it by dlopen. A dlopened shim records nothing until `heapdump attach`
+ * starts it. Each thread keeps 100 blocks of 48 B
  * allocated through hold_thread and frees 1000 more. Prints "ready PID 400 19200", waits for
  * stdin to close, frees everything and exits 0; exits 1 (with dlerror's message) when the
  * library cannot be loaded.

@@ -34,6 +34,19 @@ pub(crate) static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static INDEX: AddressIndex = AddressIndex::new();
 /// In sampling mode, which addresses may be in [`INDEX`] (see [`crate::index::Presence`]).
 pub(crate) static PRESENCE: crate::index::Presence = crate::index::Presence::new();
+/// Set when the library was `dlopen`ed rather than preloaded ([`wait_for_start`]): the first
+/// allocator call does not start recording; only an explicit [`init`] (`heapdump attach`'s
+/// entry) does.
+static WAIT_FOR_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Recording starts only when [`init`] is called, not lazily at the first allocator call: for
+/// a library `dlopen`ed into a running process, whose calls before `heapdump attach` starts it
+/// pass through unrecorded (a lazy start on one thread would record part of the program, with
+/// the default settings rather than the collector's).
+pub fn wait_for_start() {
+    WAIT_FOR_START.store(true, Ordering::Relaxed);
+}
+
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
 pub(crate) static ORPHAN: SpinLock = SpinLock::new();
 /// Thread slot shared by threads that have no slot of their own (exited, or table full).
@@ -425,7 +438,7 @@ fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> O
         None => {
             // Disabled (HEAPDUMP_DISABLE=1, a failed start-up) or another thread is starting
             // up: a plain load and a jump, no locked instruction on the shared state word.
-            if STATE.load(Ordering::Relaxed) != UNINIT {
+            if STATE.load(Ordering::Relaxed) != UNINIT || WAIT_FOR_START.load(Ordering::Relaxed) {
                 return None;
             }
             init();

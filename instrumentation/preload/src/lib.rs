@@ -523,7 +523,9 @@ fn set_errno(v: c_int) {
 extern "C" fn constructor() {
     heapdump_instrumentation::state::set_real_free(__libc_free);
     if !attach::decide_preloaded() {
-        // `dlopen`ed by `heapdump attach`: recording starts in its entry.
+        // `dlopen`ed by `heapdump attach`: recording starts in its entry, not lazily at the
+        // first allocator call.
+        heapdump_instrumentation::state::wait_for_start();
         return;
     }
     heapdump_instrumentation::init();
