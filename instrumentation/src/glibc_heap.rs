@@ -484,8 +484,9 @@ fn walk_chunks(
         }
         let next = p + size;
         // The next chunk's header (the top chunk's for the last one) is inside the heap.
-        // SAFETY: `next + 16 <= end` or `next` is the top chunk, whose header is in the heap.
         let in_use = if next + 16 <= end || (to_top && next == end) {
+            // SAFETY: `next + 16 <= end` or `next` is the top chunk, whose header is in the
+            // heap.
             let head = unsafe { rd(next + 8) };
             head & 1 == 1
         } else {

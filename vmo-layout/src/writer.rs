@@ -1191,6 +1191,32 @@ fn copy_truncated(dst: &mut [u8], src: &[u8]) {
 mod lease_tests {
     use super::*;
 
+    /// A region of 64 records, 4 stack traces and 2 thread slots.
+    const CAPS: Capacities = Capacities {
+        nodes: 64,
+        stacks: 4,
+        frames: 64,
+        threads: 2,
+        modules: 1,
+        named: 1,
+        python_words: 1,
+    };
+    const ID: ProcessIdentity<'static> = ProcessIdentity {
+        pid: 1,
+        start_ticks: 1,
+        exe_dev: 0,
+        exe_ino: 0,
+        exe_path: b"/x",
+        cmdline: b"x",
+        sample_interval: 0,
+    };
+
+    /// A zeroed, 8-aligned buffer the size [`CAPS`] plans, and that size in bytes.
+    fn tiny_buffer() -> (Vec<u64>, u64) {
+        let (_, size) = plan(&CAPS);
+        (vec![0u64; size as usize / 8], size)
+    }
+
     /// Start time of process `pid` from `/proc/PID/stat` (field 22).
     fn start_ticks(pid: u32) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -1203,29 +1229,10 @@ mod lease_tests {
     /// the writer, at most once per `LEASE_CHECK_NS`, and an unknown holder's is kept.
     #[test]
     fn dead_holders_lease_is_cleared_live_and_unknown_ones_kept() {
-        let caps = Capacities {
-            nodes: 64,
-            stacks: 4,
-            frames: 64,
-            threads: 2,
-            modules: 1,
-            named: 1,
-            python_words: 1,
-        };
-        let (_, size) = plan(&caps);
-        let mut buf = vec![0u64; size as usize / 8];
-        let id = ProcessIdentity {
-            pid: 1,
-            start_ticks: 1,
-            exe_dev: 0,
-            exe_ino: 0,
-            exe_path: b"/x",
-            cmdline: b"x",
-            sample_interval: 0,
-        };
+        let (mut buf, size) = tiny_buffer();
         // SAFETY: a zeroed, 8-aligned buffer of the planned size that nothing else touches.
         let w =
-            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &caps, &id) }.unwrap();
+            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &CAPS, &ID) }.unwrap();
         let (n, _) = w.claim_nodes(1).unwrap();
         let n = n as u32;
         w.publish_node(n, 0x1000, 8, 0, 1, 100);
@@ -1281,29 +1288,10 @@ mod lease_tests {
     /// read yet may have been rewritten meanwhile.
     #[test]
     fn a_lease_released_during_the_scan_is_reported() {
-        let caps = Capacities {
-            nodes: 64,
-            stacks: 4,
-            frames: 64,
-            threads: 2,
-            modules: 1,
-            named: 1,
-            python_words: 1,
-        };
-        let (_, size) = plan(&caps);
-        let mut buf = vec![0u64; size as usize / 8];
-        let id = ProcessIdentity {
-            pid: 1,
-            start_ticks: 1,
-            exe_dev: 0,
-            exe_ino: 0,
-            exe_path: b"/x",
-            cmdline: b"x",
-            sample_interval: 0,
-        };
+        let (mut buf, size) = tiny_buffer();
         // SAFETY: a zeroed, 8-aligned buffer of the planned size that nothing else touches.
         let w =
-            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &caps, &id) }.unwrap();
+            unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &CAPS, &ID) }.unwrap();
         let (n, _) = w.claim_nodes(2).unwrap();
         w.publish_node(n as u32, 0x1000, 8, 0, 1, 100);
         w.publish_node(n as u32 + 1, 0x2000, 8, 0, 1, 100);

@@ -324,32 +324,6 @@ fn resolve(a: &AttachCmd) -> Result<u32> {
     }
 }
 
-fn shim_path(explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("HEAPDUMP_LIB").map(PathBuf::from))
-    {
-        return std::fs::canonicalize(&p).with_context(|| format!("shim {}", p.display()));
-    }
-    let exe = std::env::current_exe().context("cannot find the heapdump executable")?;
-    let dir = exe
-        .parent()
-        .context("heapdump executable has no directory")?;
-    for cand in [
-        dir.join("libheapdump.so"),
-        dir.join("../lib/libheapdump.so"),
-        dir.join("../libheapdump.so"),
-    ] {
-        if cand.exists() {
-            return Ok(std::fs::canonicalize(cand)?);
-        }
-    }
-    bail!(
-        "cannot find libheapdump.so next to {} (build it with `cargo build --release`, or pass --lib)",
-        exe.display()
-    )
-}
-
 /// The collector's `HEAPDUMP_*` settings, passed to the shim instead of the target's
 /// environment: NUL-terminated `NAME=VALUE` entries.
 fn settings_env() -> Vec<u8> {
@@ -366,26 +340,10 @@ fn settings_env() -> Vec<u8> {
     v
 }
 
-/// Test hook: with `HEAPDUMP_TEST_ATTACH_PAUSE=FILE`, creates FILE once the target runs the
-/// stub and waits (up to 60 s) for it to be removed: a test kills heapdump meanwhile.
-fn test_pause() {
-    let Some(file) = std::env::var_os("HEAPDUMP_TEST_ATTACH_PAUSE") else {
-        return;
-    };
-    let file = PathBuf::from(file);
-    if std::fs::write(&file, b"").is_err() {
-        return;
-    }
-    let until = Instant::now() + Duration::from_secs(60);
-    while file.exists() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// `heapdump attach`.
 pub fn attach(a: &AttachCmd) -> Result<()> {
     let pid = resolve(a)?;
-    let shim = shim_path(a.lib.as_deref())?;
+    let shim = crate::commands::run::shim_path(a.lib.clone())?;
     let (answer, took) = call(pid, a, &shim, ATTACH_ENTRY, libc::RTLD_NOW as u64, false)?;
     let note = String::from_utf8_lossy(answer.message()).into_owned();
     if answer.status != STATUS_OK {
@@ -411,7 +369,7 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
 /// `heapdump detach`.
 pub fn detach(a: &AttachCmd) -> Result<()> {
     let pid = resolve(a)?;
-    let shim = shim_path(a.lib.as_deref())?;
+    let shim = crate::commands::run::shim_path(a.lib.clone())?;
     let mode = (libc::RTLD_NOW | libc::RTLD_NOLOAD) as u64;
     let (answer, took) = call(pid, a, &shim, DETACH_ENTRY, mode, true)?;
     if answer.status != STATUS_OK {
@@ -554,7 +512,7 @@ fn call(
         }),
     )?;
     held.resume(tid, &run)?;
-    test_pause();
+    heapdump_testhooks::attach_pause();
     let until = Instant::now() + STUB_TIMEOUT;
     loop {
         if held.word(data + stub::DATA_DONE as u64) == Some(1) {

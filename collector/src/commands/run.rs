@@ -26,7 +26,12 @@ impl From<cli::RunArgs> for Options {
     }
 }
 
-fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+/// The shim to load: `explicit` (`--lib`), else `HEAPDUMP_LIB`, else `libheapdump.so` beside
+/// the heapdump executable (or in `../lib/`, `../`), canonicalized.
+///
+/// # Errors
+/// The given file does not exist, or none is found beside the executable.
+pub(crate) fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = explicit.or_else(|| std::env::var_os("HEAPDUMP_LIB").map(PathBuf::from)) {
         if !p.exists() {
             bail!("shim {} does not exist", p.display());

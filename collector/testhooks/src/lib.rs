@@ -37,6 +37,12 @@ pub fn contents_pause() {
     handshake("HEAPDUMP_TEST_CONTENTS_PAUSE");
 }
 
+/// `HEAPDUMP_TEST_ATTACH_PAUSE=FILE`: once the target runs `heapdump attach`'s stub, so that a
+/// test can kill heapdump mid-attach.
+pub fn attach_pause() {
+    handshake("HEAPDUMP_TEST_ATTACH_PAUSE");
+}
+
 /// What [`scan_pause`] waits for, read once per snapshot before its scan.
 #[derive(Debug)]
 pub struct ScanPause {
