@@ -89,31 +89,9 @@ impl Client {
     }
 }
 
-/// A random UUID (version 4) from the kernel's random source; from the time and pid if that
-/// cannot be read.
+/// A random UUID (version 4), as text.
 fn uuid_v4() -> String {
-    let mut b = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
-    if read.is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
-        b[..8].copy_from_slice(&t.to_le_bytes());
-        b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    uuid::Uuid::new_v4().to_string()
 }
 
 #[cfg(test)]
