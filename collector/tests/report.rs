@@ -599,4 +599,59 @@ fn leaks_profiles_and_graph_captures_get_sections_of_their_own() {
     assert_eq!(g["sites"][0], top_sites[0], "{g}\n{top}");
     let n = top_sites.len().min(g["sites"].as_array().unwrap().len());
     assert_eq!(g["sites"].as_array().unwrap()[..n], top_sites[..n]);
+
+    // Without snapshots (the capture and the leaks profile given by name): the process has
+    // its two sections and no summary, timeline or flame graph.
+    let only = dir.join("only-sections.html");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "report",
+            &at("g.hdsnap"),
+            &at("b-leaks.pb.gz"),
+            "-o",
+            only.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "report: {err}");
+    assert!(
+        err.contains("report of 0 snapshot(s) and 2 leaks/reference-graph section(s)"),
+        "{err}"
+    );
+    let d = data(&std::fs::read_to_string(&only).unwrap());
+    let q = &d["processes"][0];
+    assert_eq!(q["pid"].as_u64(), p["pid"].as_u64(), "{d}");
+    assert!(q["summary"].is_null() && q.get("timeline").is_none(), "{q}");
+    assert_eq!(q["leaks"], p["leaks"]);
+    assert_eq!(q["graphs"], p["graphs"]);
+
+    // Both pages render in Chromium without an error, the sections' tables in the DOM.
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    for page in [&page, &only] {
+        let (dom, err) = headless(&browser, page, &["--dump-dom"]);
+        assert!(dom.contains(r#"data-ready="1""#), "{err}\n{dom}");
+        assert!(
+            dom.contains(r#"<pre id="report-errors" class="errors" hidden=""></pre>"#),
+            "{dom}"
+        );
+        let console: Vec<&str> = err.lines().filter(|l| l.contains(":CONSOLE")).collect();
+        assert!(console.is_empty(), "console messages: {console:#?}");
+        assert!(
+            dom.contains(r#"<td class="site" title="make_list">make_list</td>"#),
+            "{dom}"
+        );
+        let top_site = top_sites[0]["site"].as_str().unwrap();
+        assert!(
+            dom.contains(&format!(
+                r#"<td class="site" title="{top_site}">{top_site}</td>"#
+            )),
+            "{dom}"
+        );
+        assert!(
+            dom.contains("Reference graph: what retains the most"),
+            "{dom}"
+        );
+    }
 }
