@@ -824,6 +824,44 @@ mod tests {
     }
 
     #[test]
+    fn a_leaks_profile_is_a_section_not_a_snapshot() {
+        let names: HashMap<u32, Vec<String>> = [
+            (0, vec!["malloc".into(), "make_list".into(), "main".into()]),
+            (1, vec!["malloc".into(), "make_lost".into(), "main".into()]),
+        ]
+        .into();
+        let mut r = Report::new(Sites::default());
+        r.add(&profile(&names, &[100, 50], 10), "snap").unwrap();
+        let mut leaks = crate::pprof::from_names(
+            &names,
+            [(0, 10, 480), (1, 3, 216)].into_iter(),
+            &[format!(
+                "{LEAKS_COMMENT}pid=7 direct_bytes=264 direct_blocks=4 indirect_bytes=432 \
+                 indirect_blocks=9 live_blocks=28"
+            )],
+        );
+        leaks.time_nanos = 11_000_000_000;
+        r.add(&leaks, "leaks").unwrap();
+        assert_eq!((r.len(), r.sections()), (1, 1));
+        let d = r.json(None);
+        let p = &d["processes"][0];
+        assert_eq!(p["files"], json!(["snap"]));
+        assert_eq!(
+            p["leaks"],
+            json!([{
+                "file": "leaks", "t_ns": 11_000_000_000i64,
+                "direct_bytes": 264, "direct_blocks": 4,
+                "indirect_bytes": 432, "indirect_blocks": 9, "live_blocks": 28,
+                "sites": [
+                    {"site": "make_list", "bytes": 480, "blocks": 10},
+                    {"site": "make_lost", "bytes": 216, "blocks": 3},
+                ],
+                "more_sites": 0,
+            }])
+        );
+    }
+
+    #[test]
     fn identity_from_the_comments() {
         let mut p = crate::pprof::from_names(
             &HashMap::new(),
