@@ -380,17 +380,24 @@ fn bad_inputs_are_refused_clearly() {
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     std::fs::write(empty.join("broken.pb.gz"), b"\x1f\x8bnot really").unwrap();
+    std::fs::write(empty.join("broken.hdsnap"), b"not a capture").unwrap();
     let (ok, _, err) = heapdump_cmd(d.path(), &["report", empty.to_str().unwrap(), "-o", o]);
     assert!(!ok, "{err}");
     assert!(
         err.contains("skipped") && err.contains("broken.pb.gz"),
         "{err}"
     );
+    assert!(
+        err.contains("skipped") && err.contains("broken.hdsnap"),
+        "{err}"
+    );
     assert!(err.contains("no heapdump profiles"), "{err}");
-    // The same broken file named: an error.
-    let broken = empty.join("broken.pb.gz");
-    let (ok, _, err) = heapdump_cmd(d.path(), &["report", broken.to_str().unwrap(), "-o", o]);
-    assert!(!ok && err.contains("broken.pb.gz"), "{err}");
+    // The same broken files named: an error.
+    for name in ["broken.pb.gz", "broken.hdsnap"] {
+        let broken = empty.join(name);
+        let (ok, _, err) = heapdump_cmd(d.path(), &["report", broken.to_str().unwrap(), "-o", o]);
+        assert!(!ok && err.contains(name), "{err}");
+    }
     assert!(!out.exists());
     // --pid of a process not among the inputs.
     let Some(r) = run(test) else { return };

@@ -89,9 +89,8 @@ pub fn run(props: ReportProps) -> Result<()> {
         let added = if crate::graph::capture::is_capture(path)
             || path.to_string_lossy().ends_with(".hdsnap")
         {
-            crate::graph::capture::read(path)
-                .map(|c| report.add_graph(&c, &display_name(path)))
-                .with_context(|| path.display().to_string())
+            // Its errors name the file.
+            crate::graph::capture::read(path).map(|c| report.add_graph(&c, &display_name(path)))
         } else {
             crate::pprof::read(path).and_then(|p| {
                 report
