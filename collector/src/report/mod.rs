@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 /// What `heapdump report` does.
 #[derive(Debug, Clone)]
 pub struct ReportProps {
-    /// Directories (their `*.pb.gz` files) and profile files.
+    /// Directories (their `*.pb.gz` and `*.hdsnap` files), profile and graph-capture files.
     pub inputs: Vec<PathBuf>,
     /// The HTML file (`-`: standard output).
     pub output: PathBuf,
