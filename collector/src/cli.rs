@@ -731,10 +731,11 @@ pub struct WatchArgs {
 /// `heapdump report`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  heapdump watch --by-pid 1234 --every 10s -o prof/\n  heapdump report prof/ -o report.html\n  heapdump watch --by-pid 1234 --every 10s -o prof/ --report report.html   # rewritten each beat\n\nThe page needs no network: open it from disk. Snapshots are ordered by their recorded instants; several processes in the inputs get a section each (or pick one with --pid)."
+    after_help = "Examples:\n  heapdump watch --by-pid 1234 --every 10s -o prof/\n  heapdump report prof/ -o report.html\n  heapdump watch --by-pid 1234 --every 10s -o prof/ --report report.html   # rewritten each beat\n\nThe page needs no network: open it from disk. Snapshots are ordered by their recorded instants; several processes in the inputs get a section each (or pick one with --pid). A `leaks -o` profile and a `graph -o FILE.hdsnap` capture among the inputs get sections of their own."
 )]
 pub struct ReportArgs {
-    /// `watch -o` directories (their *.pb.gz files) and heapdump profiles.
+    /// `watch -o` directories (their *.pb.gz and *.hdsnap files), heapdump profiles (a
+    /// `leaks -o` one gets a Leaks section) and graph captures (a Reference graph section).
     #[arg(value_name = "DIR|FILE", required = true)]
     pub inputs: Vec<PathBuf>,
     /// The HTML file to write (`-`: standard output).

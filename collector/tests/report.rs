@@ -380,17 +380,24 @@ fn bad_inputs_are_refused_clearly() {
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     std::fs::write(empty.join("broken.pb.gz"), b"\x1f\x8bnot really").unwrap();
+    std::fs::write(empty.join("broken.hdsnap"), b"not a capture").unwrap();
     let (ok, _, err) = heapdump_cmd(d.path(), &["report", empty.to_str().unwrap(), "-o", o]);
     assert!(!ok, "{err}");
     assert!(
         err.contains("skipped") && err.contains("broken.pb.gz"),
         "{err}"
     );
+    assert!(
+        err.contains("skipped") && err.contains("broken.hdsnap"),
+        "{err}"
+    );
     assert!(err.contains("no heapdump profiles"), "{err}");
-    // The same broken file named: an error.
-    let broken = empty.join("broken.pb.gz");
-    let (ok, _, err) = heapdump_cmd(d.path(), &["report", broken.to_str().unwrap(), "-o", o]);
-    assert!(!ok && err.contains("broken.pb.gz"), "{err}");
+    // The same broken files named: an error.
+    for name in ["broken.pb.gz", "broken.hdsnap"] {
+        let broken = empty.join(name);
+        let (ok, _, err) = heapdump_cmd(d.path(), &["report", broken.to_str().unwrap(), "-o", o]);
+        assert!(!ok && err.contains(name), "{err}");
+    }
     assert!(!out.exists());
     // --pid of a process not among the inputs.
     let Some(r) = run(test) else { return };
@@ -466,5 +473,192 @@ fn watch_keep_bounds_the_report_as_it_bounds_the_directory() {
         let prof = decode(f);
         assert_eq!(*t, prof.sample.iter().map(|s| s.value[3]).sum::<i64>());
         assert_eq!(sum_through(&prof, "hold_blocks")[3], 100 * 1000 + 100 * 8);
+    }
+}
+
+/// The (bytes, blocks) of each kind ("Direct", "Indirect") `heapdump leaks` printed.
+fn leak_totals(text: &str) -> [(u64, u64); 2] {
+    let mut t = [(0, 0); 2];
+    for l in text.lines() {
+        let k = if l.starts_with("Direct leak of ") {
+            0
+        } else if l.starts_with("Indirect leak of ") {
+            1
+        } else {
+            continue;
+        };
+        let w: Vec<&str> = l.split_whitespace().collect();
+        t[k].0 += w[3].parse::<u64>().unwrap();
+        t[k].1 += w[6].parse::<u64>().unwrap();
+    }
+    t
+}
+
+#[test]
+fn leaks_profiles_and_graph_captures_get_sections_of_their_own() {
+    let test = "leaks_profiles_and_graph_captures_get_sections_of_their_own";
+    if !can_run(test) {
+        return;
+    }
+    let dir = region_dir("report-sections");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = compile_lib("leaky_lib.c", "libleaky.so", &[]);
+    let exe = compile_c("leaky", &["-fno-optimize-sibling-calls", "-ldl"]);
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&lib);
+    let prog = start(cmd, &dir, true);
+    let pid = prog.pid().to_string();
+    let inputs = dir.join("inputs");
+    std::fs::create_dir_all(&inputs).unwrap();
+    let at = |name: &str| inputs.join(name).to_str().unwrap().to_owned();
+
+    // Two snapshots, a `leaks -o` profile and a graph capture of the same process.
+    for name in ["a.pb.gz", "c.pb.gz"] {
+        let (ok, _, err) = heapdump_cmd(&dir, &["snapshot", "--by-pid", &pid, "-o", &at(name)]);
+        assert!(ok, "snapshot: {err}");
+        if name == "a.pb.gz" {
+            let (ok, text, err) = heapdump_cmd(
+                &dir,
+                &["leaks", "--by-pid", &pid, "-o", &at("b-leaks.pb.gz")],
+            );
+            assert!(ok, "leaks: {err}");
+            let (ok, _, err) =
+                heapdump_cmd(&dir, &["graph", "--by-pid", &pid, "-o", &at("g.hdsnap")]);
+            assert!(ok, "graph: {err}");
+            std::fs::write(dir.join("leaks.txt"), text).unwrap();
+        }
+    }
+    drop(prog);
+    let printed = std::fs::read_to_string(dir.join("leaks.txt")).unwrap();
+    let [(direct, direct_blocks), (indirect, indirect_blocks)] = leak_totals(&printed);
+    // What leaky.c plants (tests/graph.rs checks `leaks` finds exactly that).
+    assert_eq!(
+        (direct, direct_blocks),
+        (48 + 24 + 216, 1 + 1 + 3),
+        "{printed}"
+    );
+    assert_eq!((indirect, indirect_blocks), (432 + 80, 9 + 2), "{printed}");
+    let (ok, top, err) = heapdump_cmd(&dir, &["top", "--retained", "--json", &at("g.hdsnap")]);
+    assert!(ok, "top: {err}");
+    let top: Value = serde_json::from_str(&top).unwrap();
+
+    let page = dir.join("sections.html");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "report",
+            inputs.to_str().unwrap(),
+            "-o",
+            page.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "report: {err}");
+    assert!(
+        err.contains("report of 2 snapshot(s) and 2 leaks/reference-graph section(s)"),
+        "{err}"
+    );
+    let d = data(&std::fs::read_to_string(&page).unwrap());
+    let procs = d["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{d}");
+    let p = &procs[0];
+
+    // The timeline: the two snapshots only.
+    assert_eq!(p["files"], serde_json::json!(["a.pb.gz", "c.pb.gz"]));
+    assert_eq!(p["timeline"]["total"].as_array().unwrap().len(), 2);
+
+    // Leaks: what `leaks` printed, by kind and by site.
+    let leaks = p["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1);
+    let l = &leaks[0];
+    assert_eq!(l["file"], "b-leaks.pb.gz");
+    assert!(l["t_ns"].as_i64().unwrap() > 0, "{l}");
+    assert_eq!(l["direct_bytes"].as_u64(), Some(direct));
+    assert_eq!(l["direct_blocks"].as_u64(), Some(direct_blocks));
+    assert_eq!(l["indirect_bytes"].as_u64(), Some(indirect));
+    assert_eq!(l["indirect_blocks"].as_u64(), Some(indirect_blocks));
+    let sites: Vec<(String, i64, i64)> = (l["sites"].as_array().unwrap().iter())
+        .map(|s| {
+            (
+                s["site"].as_str().unwrap().to_owned(),
+                s["bytes"].as_i64().unwrap(),
+                s["blocks"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sites,
+        vec![
+            ("make_list".to_owned(), 480, 10),
+            ("make_lost".to_owned(), 216, 3),
+            ("make_cycle".to_owned(), 80, 2),
+            ("make_masked".to_owned(), 24, 1),
+        ]
+    );
+
+    // Reference graph: the capture's size and `top --retained`'s ranking.
+    let graphs = p["graphs"].as_array().unwrap();
+    assert_eq!(graphs.len(), 1);
+    let g = &graphs[0];
+    assert_eq!(g["file"], "g.hdsnap");
+    assert!(g["blocks"].as_u64().unwrap() > 20, "{g}");
+    assert!(g["roots"].as_u64().unwrap() > 0, "{g}");
+    let top_sites = top["sites"].as_array().unwrap();
+    assert_eq!(g["sites"][0], top_sites[0], "{g}\n{top}");
+    let n = top_sites.len().min(g["sites"].as_array().unwrap().len());
+    assert_eq!(g["sites"].as_array().unwrap()[..n], top_sites[..n]);
+
+    // Without snapshots (the capture and the leaks profile given by name): the process has
+    // its two sections and no summary, timeline or flame graph.
+    let only = dir.join("only-sections.html");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "report",
+            &at("g.hdsnap"),
+            &at("b-leaks.pb.gz"),
+            "-o",
+            only.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "report: {err}");
+    assert!(
+        err.contains("report of 0 snapshot(s) and 2 leaks/reference-graph section(s)"),
+        "{err}"
+    );
+    let d = data(&std::fs::read_to_string(&only).unwrap());
+    let q = &d["processes"][0];
+    assert_eq!(q["pid"].as_u64(), p["pid"].as_u64(), "{d}");
+    assert!(q["summary"].is_null() && q.get("timeline").is_none(), "{q}");
+    assert_eq!(q["leaks"], p["leaks"]);
+    assert_eq!(q["graphs"], p["graphs"]);
+
+    // Both pages render in Chromium without an error, the sections' tables in the DOM.
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    for page in [&page, &only] {
+        let (dom, err) = headless(&browser, page, &["--dump-dom"]);
+        assert!(dom.contains(r#"data-ready="1""#), "{err}\n{dom}");
+        assert!(
+            dom.contains(r#"<pre id="report-errors" class="errors" hidden=""></pre>"#),
+            "{dom}"
+        );
+        let console: Vec<&str> = err.lines().filter(|l| l.contains(":CONSOLE")).collect();
+        assert!(console.is_empty(), "console messages: {console:#?}");
+        assert!(
+            dom.contains(r#"<td class="site" title="make_list">make_list</td>"#),
+            "{dom}"
+        );
+        let top_site = top_sites[0]["site"].as_str().unwrap();
+        assert!(
+            dom.contains(&format!(
+                r#"<td class="site" title="{top_site}">{top_site}</td>"#
+            )),
+            "{dom}"
+        );
+        assert!(
+            dom.contains("Reference graph: what retains the most"),
+            "{dom}"
+        );
     }
 }

@@ -273,6 +273,46 @@
   }
 
   var main = document.getElementById("report"), toc = document.getElementById("toc");
+  // A table of sites: head labels, and per row [site, numbers...] (numbers as bytes or counts).
+  function siteTable(cls, head, rows) {
+    var h = el("tr", {}, head.map(function (t) { return el("th", { text: t }); }));
+    return el("table", { class: "growth " + cls }, [h].concat(rows.map(function (r) {
+      return el("tr", {}, r.map(function (c, i) {
+        return i === 0 ? el("td", { class: "site", text: c, title: c }) : el("td", { class: "num", text: c });
+      }));
+    })));
+  }
+
+  // The Leaks section: each `leaks -o` profile among the inputs.
+  function leaksSection(p, sec) {
+    if (!p.leaks || p.leaks.length === 0) return;
+    sec.appendChild(el("h3", { text: "Leaks: blocks no chain of pointers from a root reaches" }));
+    p.leaks.forEach(function (l) {
+      var total = l.direct_bytes + l.indirect_bytes;
+      sec.appendChild(el("p", { class: "leaks-summary", text: l.file + (l.t_ns ? ", taken " + when(l.t_ns) : "") +
+        ": " + bytes(total) + " (" + exact(total) + " bytes) leaked in " +
+        exact(l.direct_blocks + l.indirect_blocks) + " blocks — direct " + exact(l.direct_bytes) +
+        " bytes in " + exact(l.direct_blocks) + " blocks, indirect " + exact(l.indirect_bytes) +
+        " bytes in " + exact(l.indirect_blocks) + " blocks, of " + exact(l.live_blocks) + " live blocks" }));
+      var rows = l.sites.map(function (s) { return [s.site, bytes(s.bytes) + " (" + exact(s.bytes) + ")", exact(s.blocks)]; });
+      if (l.more_sites > 0) rows.push(["(" + l.more_sites + " more sites)", "", ""]);
+      sec.appendChild(siteTable("leaks", ["leak site", "leaked bytes", "blocks"], rows));
+    });
+  }
+
+  // The Reference graph section: each graph capture among the inputs.
+  function graphSection(p, sec) {
+    if (!p.graphs || p.graphs.length === 0) return;
+    sec.appendChild(el("h3", { text: "Reference graph: what retains the most (dominator tree)" }));
+    p.graphs.forEach(function (g) {
+      sec.appendChild(el("p", { class: "graph-summary", text: g.file + ", taken " + when(g.t_ns) + ": " +
+        exact(g.blocks) + " blocks, " + bytes(g.bytes) + " (" + exact(g.bytes) + " bytes), " +
+        exact(g.roots) + " roots, " + exact(g.edges) + " references" }));
+      sec.appendChild(siteTable("retained", ["allocation site", "retained bytes", "blocks"],
+        g.sites.map(function (s) { return [s.site, bytes(s.retained) + " (" + exact(s.retained) + ")", exact(s.blocks)]; })));
+    });
+  }
+
   var pending = [];
   if (data.processes.length === 0) {
     main.appendChild(el("p", { text: "No snapshots." }));
@@ -284,6 +324,12 @@
     var sec = el("section", { class: "process", id: id });
     main.appendChild(sec);
     sec.appendChild(el("h2", { text: title }));
+    if (!p.summary) {
+      // Only a leaks profile or a graph capture of this process among the inputs.
+      leaksSection(p, sec);
+      graphSection(p, sec);
+      return;
+    }
     sec.appendChild(el("h3", { text: "Summary" }));
     sec.appendChild(summary(p));
     sec.appendChild(el("h3", { text: "Timeline: live bytes, stacked by allocation site" }));
@@ -300,6 +346,8 @@
     sec.appendChild(el("h3", { text: "Flame graph" }));
     var flHost = el("div", { class: "flame-section" });
     sec.appendChild(flHost);
+    leaksSection(p, sec);
+    graphSection(p, sec);
     var pick = null;
     timeline(p, tlHost, function (i, asA) { if (pick) pick(i, asA); });
     pending.push(inflate(p.flame_gz).then(function (flame) {

@@ -212,7 +212,25 @@ pub fn run(a: Options) -> Result<()> {
     if let Some(out) = &a.output {
         let what = an.describe();
         let leaked_bytes = direct + indirect;
-        let profile = match an.c {
+        let blocks_of = |k: Status| -> u64 {
+            (groups.iter())
+                .filter(|g| (g.0 .0 == Status::Direct) == (k == Status::Direct))
+                .map(|g| g.1 .0)
+                .sum()
+        };
+        // What tells `heapdump report` this profile from a snapshot (see
+        // `report::model::LEAKS_COMMENT`).
+        let summary = format!(
+            "{}pid={} direct_bytes={direct} direct_blocks={} indirect_bytes={indirect} \
+             indirect_blocks={} live_blocks={}",
+            crate::report::model::LEAKS_COMMENT,
+            an.header.pid,
+            blocks_of(Status::Direct),
+            blocks_of(Status::Indirect),
+            g.blocks.len(),
+        );
+        let time_ns = an.header.time_unix_ns as i64;
+        let mut profile = match an.c {
             Some(mut c) => {
                 c.inuse = inuse;
                 c.alloc_totals.clear();
@@ -241,6 +259,11 @@ pub fn run(a: Options) -> Result<()> {
                 )
             }
         };
+        profile.string_table.push(summary);
+        (profile.comment).push(profile.string_table.len() as i64 - 1);
+        if profile.time_nanos == 0 {
+            profile.time_nanos = time_ns;
+        }
         pprof::write(&profile, None, out)?;
         eprintln!(
             "heapdump: {what}: {leaked_bytes} leaked bytes -> {}",

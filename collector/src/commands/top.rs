@@ -34,7 +34,6 @@ impl From<cli::TopArgs> for Options {
 
 /// `heapdump top --retained`: the blocks and the allocation sites that retain the most.
 pub fn run(a: Options) -> Result<()> {
-    use graph::dominators::Dominator;
     if !a.retained {
         bail!("`heapdump top` ranks by retained size: pass --retained (or --live)");
     }
@@ -53,9 +52,75 @@ pub fn run(a: Options) -> Result<()> {
             .cloned()
             .unwrap_or_else(|| "(no stack trace)".to_owned())
     };
-    // A site's retained size counts each dominated block once: the sum over its blocks that
-    // no other block of the same site dominates. Found by walking the dominator tree from the
-    // top with a count, per site, of the blocks of that site on the current path.
+    let by_site = retained_by_site(g, &d, &site_of);
+    let n = g.blocks.len();
+    // The `a.top` blocks retaining the most: selected, then only those sorted.
+    let key = |b: &u32| (std::cmp::Reverse(d.retained[*b as usize]), *b);
+    let mut blocks: Vec<u32> = (0..n as u32).collect();
+    if blocks.len() > a.top {
+        if a.top > 0 {
+            blocks.select_nth_unstable_by_key(a.top - 1, key);
+        }
+        blocks.truncate(a.top);
+    }
+    blocks.sort_by_key(key);
+    let mut roots: Vec<(usize, u64)> = d.root_retained.iter().copied().enumerate().collect();
+    roots.sort_by_key(|&(r, v)| (std::cmp::Reverse(v), r));
+    if a.json {
+        let v = serde_json::json!({
+            "sites": by_site.iter().take(a.top).map(|(s, r, b)| serde_json::json!({"site": s, "retained": r, "blocks": b})).collect::<Vec<_>>(),
+            "blocks": blocks.iter().take(a.top).map(|&b| {
+                let bl = &g.blocks[b as usize];
+                serde_json::json!({"address": format!("{:#x}", bl.address), "size": bl.size, "retained": d.retained[b as usize], "site": site_of(b)})
+            }).collect::<Vec<_>>(),
+            "roots": roots.iter().take(a.top).map(|&(r, v)| serde_json::json!({"root": g.roots[r].name, "retained": v})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:>14}  {:>10}  allocation site (retained: each dominated block counted once)",
+        "RETAINED", "BLOCKS"
+    );
+    for (s, r, b) in by_site.iter().take(a.top) {
+        println!("{r:>14}  {b:>10}  {s}");
+    }
+    println!();
+    println!(
+        "{:>14}  {:>10}  {:<18}  allocation site",
+        "RETAINED", "SIZE", "BLOCK"
+    );
+    for &b in blocks.iter().take(a.top) {
+        let bl = &g.blocks[b as usize];
+        println!(
+            "{:>14}  {:>10}  {:<18}  {}",
+            d.retained[b as usize],
+            bl.size,
+            format!("{:#x}", bl.address),
+            site_of(b)
+        );
+    }
+    println!();
+    println!("{:>14}  root", "RETAINED");
+    for &(r, v) in roots.iter().take(a.top) {
+        println!("{v:>14}  {}", g.roots[r].name);
+    }
+    Ok(())
+}
+
+/// The allocation sites of `g` ranked by retained bytes, largest first (ties by name):
+/// (site, retained bytes, blocks). A site's retained size counts each dominated block once:
+/// the sum, over its blocks that no other block of the same site dominates, of their retained
+/// sizes (`d`: `g`'s dominator tree; `site_of`: a block index's site name). `top --retained`
+/// and `report`'s reference-graph section.
+pub fn retained_by_site(
+    g: &graph::Graph,
+    d: &graph::dominators::Dominators,
+    site_of: &dyn Fn(u32) -> String,
+) -> Vec<(String, u64, u64)> {
+    use graph::dominators::Dominator;
+    // Found by walking the dominator tree from the top with a count, per site, of the blocks
+    // of that site on the current path.
     let n = g.blocks.len();
     // Children lists of the dominator tree in CSR form (a vector per block cost 24 bytes per
     // block and an allocation per parent).
@@ -139,56 +204,5 @@ pub fn run(a: Options) -> Result<()> {
         .map(|(s, (ret, blocks))| (site_names[s].clone(), *ret, *blocks))
         .collect();
     by_site.sort_by(|x, y| (y.1, &x.0).cmp(&(x.1, &y.0)));
-    // The `a.top` blocks retaining the most: selected, then only those sorted.
-    let key = |b: &u32| (std::cmp::Reverse(d.retained[*b as usize]), *b);
-    let mut blocks: Vec<u32> = (0..n as u32).collect();
-    if blocks.len() > a.top {
-        if a.top > 0 {
-            blocks.select_nth_unstable_by_key(a.top - 1, key);
-        }
-        blocks.truncate(a.top);
-    }
-    blocks.sort_by_key(key);
-    let mut roots: Vec<(usize, u64)> = d.root_retained.iter().copied().enumerate().collect();
-    roots.sort_by_key(|&(r, v)| (std::cmp::Reverse(v), r));
-    if a.json {
-        let v = serde_json::json!({
-            "sites": by_site.iter().take(a.top).map(|(s, r, b)| serde_json::json!({"site": s, "retained": r, "blocks": b})).collect::<Vec<_>>(),
-            "blocks": blocks.iter().take(a.top).map(|&b| {
-                let bl = &g.blocks[b as usize];
-                serde_json::json!({"address": format!("{:#x}", bl.address), "size": bl.size, "retained": d.retained[b as usize], "site": site_of(b)})
-            }).collect::<Vec<_>>(),
-            "roots": roots.iter().take(a.top).map(|&(r, v)| serde_json::json!({"root": g.roots[r].name, "retained": v})).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "{:>14}  {:>10}  allocation site (retained: each dominated block counted once)",
-        "RETAINED", "BLOCKS"
-    );
-    for (s, r, b) in by_site.iter().take(a.top) {
-        println!("{r:>14}  {b:>10}  {s}");
-    }
-    println!();
-    println!(
-        "{:>14}  {:>10}  {:<18}  allocation site",
-        "RETAINED", "SIZE", "BLOCK"
-    );
-    for &b in blocks.iter().take(a.top) {
-        let bl = &g.blocks[b as usize];
-        println!(
-            "{:>14}  {:>10}  {:<18}  {}",
-            d.retained[b as usize],
-            bl.size,
-            format!("{:#x}", bl.address),
-            site_of(b)
-        );
-    }
-    println!();
-    println!("{:>14}  root", "RETAINED");
-    for &(r, v) in roots.iter().take(a.top) {
-        println!("{v:>14}  {}", g.roots[r].name);
-    }
-    Ok(())
+    by_site
 }

@@ -3,7 +3,8 @@
 //! which rewrites it after every beat.
 //!
 //! * [`model`] — the snapshots of each process (stack traces interned in a trie) and what the
-//!   page shows: summary, timeline, growth ranking, flame-graph data, as JSON.
+//!   page shows: summary, timeline, growth ranking, flame-graph data, and the Leaks (a
+//!   `leaks -o` profile) and Reference graph (a `graph -o` capture) sections, as JSON.
 //! * [`growth`] — the growth measures (least-squares slope, R², share of growing intervals).
 //! * [`page`] — the HTML: template, vendored chart libraries, the JSON.
 
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 /// What `heapdump report` does.
 #[derive(Debug, Clone)]
 pub struct ReportProps {
-    /// Directories (their `*.pb.gz` files) and profile files.
+    /// Directories (their `*.pb.gz` and `*.hdsnap` files), profile and graph-capture files.
     pub inputs: Vec<PathBuf>,
     /// The HTML file (`-`: standard output).
     pub output: PathBuf,
@@ -42,8 +43,9 @@ impl TryFrom<crate::cli::ReportArgs> for ReportProps {
     }
 }
 
-/// The profiles to read: each directory's `*.pb.gz` files (not hidden ones: a temporary file
-/// being written, `.spool`), each file as given; sorted by path, duplicates dropped.
+/// The files to read: each directory's `*.pb.gz` profiles and `*.hdsnap` graph captures (not
+/// hidden ones: a temporary file being written, `.spool`), each file as given; sorted by
+/// path, duplicates dropped. The flag: given by name.
 ///
 /// Errors: an input does not exist or a directory cannot be listed.
 fn profile_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
@@ -56,7 +58,8 @@ fn profile_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
             for e in rd.flatten() {
                 let name = e.file_name();
                 let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') || !name.ends_with(".pb.gz") {
+                if name.starts_with('.') || !(name.ends_with(".pb.gz") || name.ends_with(".hdsnap"))
+                {
                     continue;
                 }
                 if e.file_type().is_ok_and(|t| t.is_file()) {
@@ -83,20 +86,28 @@ pub fn run(props: ReportProps) -> Result<()> {
     let files = profile_files(&props.inputs)?;
     let mut report = Report::new(rule);
     for (path, named) in &files {
-        let added = crate::pprof::read(path).and_then(|p| {
-            report
-                .add(&p, &display_name(path))
-                .with_context(|| path.display().to_string())
-        });
+        let added = if crate::graph::capture::is_capture(path)
+            || path.to_string_lossy().ends_with(".hdsnap")
+        {
+            // Its errors name the file.
+            crate::graph::capture::read(path).map(|c| report.add_graph(&c, &display_name(path)))
+        } else {
+            crate::pprof::read(path).and_then(|p| {
+                report
+                    .add(&p, &display_name(path))
+                    .with_context(|| path.display().to_string())
+            })
+        };
         match added {
             Ok(()) => {}
             Err(e) if *named => return Err(e),
             Err(e) => eprintln!("heapdump: warning: skipped {e:#}"),
         }
     }
-    if report.len() == 0 {
+    if report.len() == 0 && report.sections() == 0 {
         bail!(
-            "no heapdump profiles in {} (`heapdump watch -o DIR` writes them)",
+            "no heapdump profiles or graph captures in {} (`heapdump watch -o DIR` writes \
+             profiles)",
             (props.inputs.iter())
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
@@ -113,8 +124,12 @@ pub fn run(props: ReportProps) -> Result<()> {
         }
     }
     write(&report, props.pid, &props.output)?;
+    let sections = match report.sections() {
+        0 => String::new(),
+        k => format!(" and {k} leaks/reference-graph section(s)"),
+    };
     eprintln!(
-        "heapdump: report of {} snapshot(s) of {} -> {}",
+        "heapdump: report of {} snapshot(s){sections} of {} -> {}",
         report.len(),
         describe(&procs),
         props.output.display()

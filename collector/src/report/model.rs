@@ -17,6 +17,80 @@ pub const RANKED_SITES: usize = 50;
 /// Theil–Sen slope costs the square of the snapshots per site).
 pub const SCORED_SITES: usize = 4 * RANKED_SITES;
 
+/// How many allocation sites a leaks or reference-graph section lists.
+pub const SECTION_SITES: usize = 20;
+/// The start of the comment `heapdump leaks -o` adds to its profile:
+/// `heapdump leaks: pid=P direct_bytes=N direct_blocks=N indirect_bytes=N indirect_blocks=N
+/// live_blocks=N`. A profile with it is a leaks report, not a snapshot.
+pub const LEAKS_COMMENT: &str = "heapdump leaks: ";
+
+/// The leak counts of a `leaks -o` profile's comment ([`LEAKS_COMMENT`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeakCounts {
+    pub pid: u32,
+    pub direct_bytes: u64,
+    pub direct_blocks: u64,
+    pub indirect_bytes: u64,
+    pub indirect_blocks: u64,
+    /// Live blocks of the graph the leaks were found in.
+    pub live_blocks: u64,
+}
+
+/// The [`LeakCounts`] of `p`, if it is a `leaks -o` profile.
+pub fn leak_counts(p: &pb::Profile) -> Option<LeakCounts> {
+    let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+    let rest = p
+        .comment
+        .iter()
+        .find_map(|&c| s(c).strip_prefix(LEAKS_COMMENT))?;
+    let mut l = LeakCounts::default();
+    for kv in rest.split_whitespace() {
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        let n: u64 = v.parse().unwrap_or(0);
+        match k {
+            "pid" => l.pid = n as u32,
+            "direct_bytes" => l.direct_bytes = n,
+            "direct_blocks" => l.direct_blocks = n,
+            "indirect_bytes" => l.indirect_bytes = n,
+            "indirect_blocks" => l.indirect_blocks = n,
+            "live_blocks" => l.live_blocks = n,
+            _ => {}
+        }
+    }
+    Some(l)
+}
+
+/// A `leaks -o` profile among the inputs: its process's **Leaks** section.
+#[derive(Debug, Clone)]
+struct Leaks {
+    file: String,
+    /// When the leaks were found (ns since the Unix epoch; 0: unknown).
+    t_ns: i64,
+    counts: LeakCounts,
+    /// (site, leaked bytes, leaked blocks), most bytes first.
+    sites: Vec<(String, i64, i64)>,
+}
+
+/// A graph capture (`graph -o FILE.hdsnap`) among the inputs: its process's **Reference
+/// graph** section.
+#[derive(Debug, Clone)]
+pub struct GraphSection {
+    /// Where it was read from.
+    pub file: String,
+    /// The capture's instant, ns since the Unix epoch.
+    pub t_ns: u64,
+    /// Live blocks, their bytes, roots and references (edges) of the graph.
+    pub blocks: u64,
+    pub bytes: u64,
+    pub roots: u64,
+    pub edges: u64,
+    /// The top sites by retained size: (site, retained bytes, blocks), as `top --retained`
+    /// ranks them, at most [`SECTION_SITES`].
+    pub sites: Vec<(String, u64, u64)>,
+}
+
 /// What a heapdump profile's comments say of the process and the instant (see
 /// `pprof::build`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -148,6 +222,8 @@ struct Process {
     sites: Vec<String>,
     site_ids: HashMap<String, u32>,
     snaps: Vec<Snap>,
+    leaks: Vec<Leaks>,
+    graphs: Vec<GraphSection>,
 }
 
 /// The sample-type indexes of a heap profile.
@@ -224,6 +300,125 @@ impl Report {
         }
     }
 
+    /// The index of the process `id` names, added if new. A process known only by its pid (a
+    /// graph capture: `start_ticks` 0) is the first one of that pid.
+    fn process(&mut self, id: &Identity) -> usize {
+        let same = |q: &Process| {
+            q.pid == id.pid
+                && (q.start_ticks == id.start_ticks || id.start_ticks == 0 || q.start_ticks == 0)
+        };
+        if let Some(i) = self.processes.iter().position(same) {
+            let q = &mut self.processes[i];
+            if q.start_ticks == 0 {
+                q.start_ticks = id.start_ticks;
+            }
+            if q.command.is_empty() {
+                q.command = id.command.clone();
+            }
+            return i;
+        }
+        self.processes.push(Process {
+            pid: id.pid,
+            start_ticks: id.start_ticks,
+            command: id.command.clone(),
+            sampling: id.sampling.clone(),
+            trie: Trie::default(),
+            site_of: FxHashMap::default(),
+            sites: Vec::new(),
+            site_ids: HashMap::new(),
+            snaps: Vec::new(),
+            leaks: Vec::new(),
+            graphs: Vec::new(),
+        });
+        self.processes.len() - 1
+    }
+
+    /// Adds the `leaks -o` profile `p` as a Leaks section of its process.
+    fn add_leaks(
+        &mut self,
+        p: &pb::Profile,
+        ty: &Types,
+        mut id: Identity,
+        counts: LeakCounts,
+        file: &str,
+    ) {
+        if id.pid == 0 {
+            id.pid = counts.pid;
+        }
+        let frames = crate::flame::location_frames(p);
+        let mut by_site: HashMap<String, (i64, i64)> = HashMap::new();
+        for smp in &p.sample {
+            let value = |i: Option<usize>| i.and_then(|i| smp.value.get(i)).copied().unwrap_or(0);
+            // Innermost first, as `Sites::site` reads it.
+            let stack: Vec<String> = (smp.location_id.iter())
+                .filter_map(|l| frames.get(l))
+                .flat_map(|f| f.iter().cloned())
+                .collect();
+            let site = if stack.is_empty() {
+                crate::sites::NO_STACK
+            } else {
+                self.rule.site(&stack)
+            };
+            let e = by_site.entry(site.to_owned()).or_default();
+            e.0 += value(Some(ty.inuse_space));
+            e.1 += value(ty.inuse_objects);
+        }
+        let mut sites: Vec<(String, i64, i64)> =
+            by_site.into_iter().map(|(s, (b, n))| (s, b, n)).collect();
+        sites.sort_by(|a, b| (b.1, b.2, &a.0).cmp(&(a.1, a.2, &b.0)));
+        let at = self.process(&id);
+        let proc = &mut self.processes[at];
+        proc.leaks.push(Leaks {
+            file: file.to_owned(),
+            t_ns: p.time_nanos,
+            counts,
+            sites,
+        });
+        proc.leaks.sort_by_key(|l| (l.t_ns, l.file.clone()));
+    }
+
+    /// Adds the graph capture `cap` (read from `file`) as a Reference graph section of its
+    /// process: its size, and its top sites by retained size (the dominator tree, as
+    /// `top --retained` ranks them).
+    pub fn add_graph(&mut self, cap: &crate::graph::capture::Capture, file: &str) {
+        let g = &cap.graph;
+        let d = crate::graph::dominators::dominators(g);
+        let names: HashMap<u32, &str> = (cap.stacks.iter())
+            .map(|(s, f)| (*s, self.rule.site(f)))
+            .collect();
+        let site_of = |b: u32| {
+            (names.get(&g.blocks[b as usize].stack))
+                .map_or_else(|| "(no stack trace)".to_owned(), |s| (*s).to_owned())
+        };
+        let mut sites = crate::commands::top::retained_by_site(g, &d, &site_of);
+        sites.truncate(SECTION_SITES);
+        let section = GraphSection {
+            file: file.to_owned(),
+            t_ns: cap.header.time_unix_ns,
+            blocks: g.blocks.len() as u64,
+            bytes: g.blocks.iter().map(|b| b.size).sum(),
+            roots: g.roots.len() as u64,
+            edges: g.targets.len() as u64,
+            sites,
+        };
+        let id = Identity {
+            pid: cap.header.pid,
+            command: cap.header.cmdline.join(" "),
+            ..Identity::default()
+        };
+        let at = self.process(&id);
+        let proc = &mut self.processes[at];
+        proc.graphs.push(section);
+        proc.graphs.sort_by_key(|g| (g.t_ns, g.file.clone()));
+    }
+
+    /// Number of leaks and reference-graph sections added, over all processes.
+    pub fn sections(&self) -> usize {
+        (self.processes.iter())
+            .map(|p| p.leaks.len() + p.graphs.len())
+            .sum()
+    }
+
     /// Adds profile `p` (read from `file`) as one snapshot of the process its comments name
     /// (pid 0, "", when they do not).
     ///
@@ -231,25 +426,11 @@ impl Report {
     pub fn add(&mut self, p: &pb::Profile, file: &str) -> Result<(), AddError> {
         let ty = types(p).ok_or(AddError::NotHeap)?;
         let id = identity(p);
-        let at = match (self.processes.iter())
-            .position(|q| q.pid == id.pid && q.start_ticks == id.start_ticks)
-        {
-            Some(i) => i,
-            None => {
-                self.processes.push(Process {
-                    pid: id.pid,
-                    start_ticks: id.start_ticks,
-                    command: id.command.clone(),
-                    sampling: id.sampling.clone(),
-                    trie: Trie::default(),
-                    site_of: FxHashMap::default(),
-                    sites: Vec::new(),
-                    site_ids: HashMap::new(),
-                    snaps: Vec::new(),
-                });
-                self.processes.len() - 1
-            }
-        };
+        if let Some(counts) = leak_counts(p) {
+            self.add_leaks(p, &ty, id, counts, file);
+            return Ok(());
+        }
+        let at = self.process(&id);
         let proc = &mut self.processes[at];
         // Each location's frames as name ids, innermost first.
         let frames: FxHashMap<u64, Vec<u32>> = (crate::flame::location_frames(p).into_iter())
@@ -322,7 +503,9 @@ impl Report {
     pub fn json(&self, pid: Option<u32>) -> Value {
         let mut out = Vec::new();
         for proc in &self.processes {
-            if pid.is_some_and(|p| p != proc.pid) || proc.snaps.is_empty() {
+            if pid.is_some_and(|p| p != proc.pid)
+                || (proc.snaps.is_empty() && proc.leaks.is_empty() && proc.graphs.is_empty())
+            {
                 continue;
             }
             out.push(process_json(proc));
@@ -331,10 +514,60 @@ impl Report {
     }
 }
 
-/// The JSON of one process (see [`Report::json`]).
+/// The Leaks and Reference graph sections of `proc` as JSON.
+fn sections_json(proc: &Process) -> (Value, Value) {
+    let leaks: Vec<Value> = (proc.leaks.iter())
+        .map(|l| {
+            json!({
+                "file": l.file,
+                "t_ns": l.t_ns,
+                "direct_bytes": l.counts.direct_bytes,
+                "direct_blocks": l.counts.direct_blocks,
+                "indirect_bytes": l.counts.indirect_bytes,
+                "indirect_blocks": l.counts.indirect_blocks,
+                "live_blocks": l.counts.live_blocks,
+                "sites": (l.sites.iter().take(SECTION_SITES))
+                    .map(|(s, b, n)| json!({"site": s, "bytes": b, "blocks": n}))
+                    .collect::<Vec<_>>(),
+                "more_sites": l.sites.len().saturating_sub(SECTION_SITES),
+            })
+        })
+        .collect();
+    let graphs: Vec<Value> = (proc.graphs.iter())
+        .map(|g| {
+            json!({
+                "file": g.file,
+                "t_ns": g.t_ns,
+                "blocks": g.blocks,
+                "bytes": g.bytes,
+                "roots": g.roots,
+                "edges": g.edges,
+                "sites": (g.sites.iter())
+                    .map(|(s, r, b)| json!({"site": s, "retained": r, "blocks": b}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    (Value::Array(leaks), Value::Array(graphs))
+}
+
+/// The JSON of one process (see [`Report::json`]). A process with no snapshot (only a leaks
+/// profile or a graph capture among the inputs) has `summary` null and no timeline, growth
+/// ranking or flame graph.
 fn process_json(proc: &Process) -> Value {
     let snaps = &proc.snaps;
     let n = snaps.len();
+    let (leaks, graphs) = sections_json(proc);
+    if n == 0 {
+        return json!({
+            "pid": proc.pid,
+            "start_ticks": proc.start_ticks,
+            "command": proc.command,
+            "summary": null,
+            "leaks": leaks,
+            "graphs": graphs,
+        });
+    }
     let t0 = snaps[0].t_ns;
     // Seconds since the Unix epoch (uPlot's time axis), and since the first snapshot.
     let t: Vec<f64> = snaps.iter().map(|s| s.t_ns as f64 / 1e9).collect();
@@ -487,6 +720,8 @@ fn process_json(proc: &Process) -> Value {
         "timeline": timeline,
         "growth": growth,
         "flame_gz": flame,
+        "leaks": leaks,
+        "graphs": graphs,
     })
 }
 
@@ -586,6 +821,44 @@ mod tests {
         let tl = &d["processes"][0]["timeline"];
         assert_eq!(tl["t"], json!([103.0, 104.0]));
         assert_eq!(tl["total"], json!([3 + 6 + 7, 4 + 8 + 7]));
+    }
+
+    #[test]
+    fn a_leaks_profile_is_a_section_not_a_snapshot() {
+        let names: HashMap<u32, Vec<String>> = [
+            (0, vec!["malloc".into(), "make_list".into(), "main".into()]),
+            (1, vec!["malloc".into(), "make_lost".into(), "main".into()]),
+        ]
+        .into();
+        let mut r = Report::new(Sites::default());
+        r.add(&profile(&names, &[100, 50], 10), "snap").unwrap();
+        let mut leaks = crate::pprof::from_names(
+            &names,
+            [(0, 10, 480), (1, 3, 216)].into_iter(),
+            &[format!(
+                "{LEAKS_COMMENT}pid=7 direct_bytes=264 direct_blocks=4 indirect_bytes=432 \
+                 indirect_blocks=9 live_blocks=28"
+            )],
+        );
+        leaks.time_nanos = 11_000_000_000;
+        r.add(&leaks, "leaks").unwrap();
+        assert_eq!((r.len(), r.sections()), (1, 1));
+        let d = r.json(None);
+        let p = &d["processes"][0];
+        assert_eq!(p["files"], json!(["snap"]));
+        assert_eq!(
+            p["leaks"],
+            json!([{
+                "file": "leaks", "t_ns": 11_000_000_000i64,
+                "direct_bytes": 264, "direct_blocks": 4,
+                "indirect_bytes": 432, "indirect_blocks": 9, "live_blocks": 28,
+                "sites": [
+                    {"site": "make_list", "bytes": 480, "blocks": 10},
+                    {"site": "make_lost", "bytes": 216, "blocks": 3},
+                ],
+                "more_sites": 0,
+            }])
+        );
     }
 
     #[test]
