@@ -2,7 +2,7 @@
 //! thread and recorded when the interrupted operation ends (see ARCHITECTURE.md, "Start-up
 //! and process events", reentrancy guard).
 
-use crate::state::{acquire_slot, release_slot, with_tls, Global, Tls};
+use crate::state::{acquire_slot, with_tls, Global, Tls};
 use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -104,12 +104,11 @@ impl Deferred {
         }
         let lost = self.lost.swap(0, Ordering::Relaxed);
         if lost != 0 {
-            let (slot_idx, slot) = acquire_slot(g, t);
-            slot.dropped.store(
-                slot.dropped.load(Ordering::Relaxed) + lost,
+            let held = acquire_slot(g, t);
+            held.slot.dropped.store(
+                held.slot.dropped.load(Ordering::Relaxed) + lost,
                 Ordering::Relaxed,
             );
-            release_slot(slot_idx);
         }
     }
 }

@@ -5,9 +5,7 @@
 //! returned the block; an erase reads its time *before* the block goes back to the allocator.
 //! So if a block's address is reused, the old record's `t_free` is below the new one's `t_alloc`.
 
-use crate::state::{
-    self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls,
-};
+use crate::state::{self, acquire_slot, enter, recycle_node, take_node, tick, Global, Tls};
 use crate::unwind::{hash_frames, walk, Start};
 use std::sync::atomic::Ordering;
 use vmo_layout::clock::now_ns;
@@ -232,7 +230,8 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
     }
     let stack = stack_of(g, t);
     let w: &RegionWriter = &g.writer;
-    let (slot_idx, slot) = acquire_slot(g, t);
+    let held = acquire_slot(g, t);
+    let (slot_idx, slot) = (held.idx, held.slot);
     // The index is private to this process: updating it (which may grow a shard) stays out of
     // the operation window a snapshot may wait on. Nobody can free `addr` before this call
     // returns, so indexing it before its record is published is safe; doing it first keeps
@@ -280,7 +279,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
         None => add(&slot.dropped, 1),
     }
     RegionWriter::op_end(slot);
-    release_slot(slot_idx);
+    drop(held);
     tick(g, t, slot_idx);
 }
 
@@ -289,7 +288,8 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     if state::sample_interval() != 0 {
         state::PRESENCE.sub(addr);
     }
-    let (slot_idx, slot) = acquire_slot(g, t);
+    let held = acquire_slot(g, t);
+    let (slot_idx, slot) = (held.idx, held.slot);
     RegionWriter::op_begin(slot, n);
     let (now, last) = g.writer.stamp(now_ns());
     t.set_last_now(now);
@@ -302,7 +302,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     add(&slot.frees, 1);
     add(&slot.free_bytes, size);
     RegionWriter::op_end(slot);
-    release_slot(slot_idx);
+    drop(held);
     retire(g, t, n, last);
     tick(g, t, slot_idx);
     Some(size)

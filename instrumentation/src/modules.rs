@@ -16,7 +16,7 @@ use vmo_layout::v1::{
 };
 use vmo_layout::RegionWriter;
 
-static LOCK: SpinLock = SpinLock::new();
+static LOCK: SpinLock = SpinLock::new(());
 const MAX_TRACKED: usize = 4096;
 
 struct Ctx<'a> {
@@ -30,7 +30,7 @@ struct Ctx<'a> {
 /// longer loaded are marked unloaded. `exe_path` names the main executable (whose `dlpi_name`
 /// is empty).
 pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
-    LOCK.lock();
+    let _held = LOCK.lock();
     // SAFETY: LOCK makes us the only writer of the module table in this process.
     unsafe {
         w.with_modules(|table, count| {
@@ -50,7 +50,6 @@ pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
             }
         })
     };
-    LOCK.unlock();
 }
 
 /// Adds the executable file mappings the module table lacks (see [`add_unlisted_mappings`])
@@ -58,11 +57,11 @@ pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
 /// Does nothing when another thread is updating the table (the lock is only tried).
 /// Returns whether it added any.
 pub fn add_mappings(w: &RegionWriter) -> bool {
-    if !LOCK.try_lock() {
+    let Some(_held) = LOCK.try_lock() else {
         return false;
-    }
+    };
     // SAFETY: LOCK makes us the only writer of the module table in this process.
-    let added = unsafe {
+    unsafe {
         w.with_modules(|table, count| {
             let before = count.load(Ordering::Relaxed);
             let mut ctx = Ctx {
@@ -74,9 +73,7 @@ pub fn add_mappings(w: &RegionWriter) -> bool {
             add_unlisted_mappings(&mut ctx);
             ctx.count.load(Ordering::Relaxed) != before
         })
-    };
-    LOCK.unlock();
-    added
+    }
 }
 
 /// Set when a stack walk met code in no loaded object (generated code, or a mapping the
@@ -456,10 +453,14 @@ pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
 /// Takes the module-table lock across `fork` (see `state::fork_prepare`): a fork racing a
 /// refresh would leave the child's copy locked forever.
 pub(crate) fn lock_for_fork() {
-    LOCK.lock();
+    LOCK.lock_for_fork();
 }
 
 /// Releases what [`lock_for_fork`] took (in the parent, and in the child).
-pub(crate) fn unlock_after_fork() {
-    LOCK.unlock();
+///
+/// # Safety
+/// [`lock_for_fork`] took the lock (no guard exists).
+pub(crate) unsafe fn unlock_after_fork() {
+    // SAFETY: per the contract.
+    unsafe { LOCK.unlock_after_fork() };
 }

@@ -4,7 +4,6 @@
 
 use crate::state::{Global, Tls, BATCH, RING};
 use crate::sys::{map_anon, SpinLock};
-use std::cell::UnsafeCell;
 
 // ---- nodes ------------------------------------------------------------------------------
 
@@ -152,8 +151,7 @@ pub(crate) fn ring_push(t: &Tls, n: u32) {
 /// follows the largest number of dead nodes waiting at once.
 #[derive(Debug)]
 pub struct FreeNodes {
-    pub(crate) lock: SpinLock,
-    q: UnsafeCell<Queue>,
+    pub(crate) q: SpinLock<Queue>,
     max: usize,
     /// The queue's length, written under the lock, read without it: a thread whose own nodes
     /// ran out (an allocation-only phase) sees an empty queue without taking the lock shared
@@ -170,16 +168,13 @@ pub(crate) struct Queue {
     len: usize,
 }
 
-// SAFETY: `q` is only accessed with `lock` held.
-unsafe impl Sync for FreeNodes {}
-// SAFETY: as above.
-unsafe impl Send for FreeNodes {}
+// SAFETY: the queue's buffer is owned by the queue and only reached through its lock.
+unsafe impl Send for Queue {}
 
 impl FreeNodes {
     pub(crate) fn new(max: u64) -> Option<Self> {
         Some(FreeNodes {
-            lock: SpinLock::new(),
-            q: UnsafeCell::new(Queue {
+            q: SpinLock::new(Queue {
                 buf: std::ptr::null_mut(),
                 cap: 0,
                 head: 0,
@@ -193,9 +188,8 @@ impl FreeNodes {
     /// Appends `ids` (dropping what does not fit when memory for the queue cannot be mapped:
     /// those nodes are then never reused).
     pub(crate) fn push(&self, ids: &[u32]) {
-        self.lock.lock();
-        // SAFETY: the lock is held.
-        let q = unsafe { &mut *self.q.get() };
+        let mut q = self.q.lock();
+        let q = &mut *q;
         if q.len + ids.len() > q.cap {
             grow(q, q.len + ids.len(), self.max);
         }
@@ -206,7 +200,6 @@ impl FreeNodes {
         }
         q.len += k;
         self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
-        self.lock.unlock();
     }
 
     /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
@@ -216,9 +209,8 @@ impl FreeNodes {
         if self.len.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return 0;
         }
-        self.lock.lock();
-        // SAFETY: the lock is held.
-        let q = unsafe { &mut *self.q.get() };
+        let mut q = self.q.lock();
+        let q = &mut *q;
         let k = out.len().min(q.len);
         for (i, o) in out[..k].iter_mut().enumerate() {
             // SAFETY: as in push; k <= len, so these slots hold queued ids.
@@ -229,7 +221,6 @@ impl FreeNodes {
             q.len -= k;
             self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
         }
-        self.lock.unlock();
         k
     }
 }

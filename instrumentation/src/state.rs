@@ -10,7 +10,7 @@ use crate::nodes::flush_nodes;
 pub use crate::nodes::{recycle_node, take_node, FreeNodes};
 use crate::region::{self, Settings};
 use crate::stacks::{StackIndex, CACHE};
-use crate::sys::SpinLock;
+use crate::sys::{SpinGuard, SpinLock};
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -48,7 +48,7 @@ pub fn wait_for_start() {
 }
 
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
-pub(crate) static ORPHAN: SpinLock = SpinLock::new();
+pub(crate) static ORPHAN: SpinLock = SpinLock::new(());
 /// Thread slot shared by threads that have no slot of their own (exited, or table full).
 pub const ORPHAN_SLOT: u32 = 0;
 /// Allocator calls that arrived while their thread was already inside the shim (the shim's own
@@ -675,24 +675,35 @@ pub fn exit_cleanup() {
     }
 }
 
-/// The thread's slot index and slot; takes the orphan lock when the thread has no slot of its
-/// own (release it with [`release_slot`]).
-#[inline]
-pub fn acquire_slot<'g>(g: &'g Global, t: &Tls) -> (u32, &'g ThreadSlotV1) {
-    let s = t.slot.get();
-    if s == EXITED || s == 0 {
-        ORPHAN.lock();
-        (ORPHAN_SLOT, g.writer.thread(ORPHAN_SLOT))
-    } else {
-        (s - 1, g.writer.thread(s - 1))
-    }
+/// A thread's slot for one operation: its index, the slot, and (for the shared orphan slot)
+/// the orphan lock, released when this is dropped.
+#[derive(Debug)]
+pub struct SlotRef<'g> {
+    /// The slot's index in the region's thread table.
+    pub idx: u32,
+    /// The slot.
+    pub slot: &'g ThreadSlotV1,
+    _orphan: Option<SpinGuard<'static>>,
 }
 
-/// Releases what [`acquire_slot`] took.
+/// The thread's slot; holds the orphan lock while the returned value lives when the thread
+/// has no slot of its own.
 #[inline]
-pub fn release_slot(slot: u32) {
-    if slot == ORPHAN_SLOT {
-        ORPHAN.unlock();
+pub fn acquire_slot<'g>(g: &'g Global, t: &Tls) -> SlotRef<'g> {
+    let s = t.slot.get();
+    if s == EXITED || s == 0 {
+        let guard = ORPHAN.lock();
+        SlotRef {
+            idx: ORPHAN_SLOT,
+            slot: g.writer.thread(ORPHAN_SLOT),
+            _orphan: Some(guard),
+        }
+    } else {
+        SlotRef {
+            idx: s - 1,
+            slot: g.writer.thread(s - 1),
+            _orphan: None,
+        }
     }
 }
 
