@@ -382,7 +382,8 @@ pub fn sample_interval() -> u64 {
 /// Sampling mode: whether an allocation of `size` bytes is sampled. Bytes are sampled as a
 /// Poisson process of mean `interval` (as heapprofd and jemalloc do): the distance to the next
 /// sampled byte is drawn from an exponential distribution, so a block of `size` bytes is
-/// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that.
+/// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that. The
+/// formula is [`vmo_layout::sampling`]'s, shared with the collector.
 #[inline]
 pub fn sample(size: u64, interval: u64) -> bool {
     with_tls(|t| {
@@ -390,7 +391,7 @@ pub fn sample(size: u64, interval: u64) -> bool {
         if left == i64::MIN {
             left = draw(t, interval);
         }
-        left -= size.min(i64::MAX as u64 / 2) as i64;
+        left = vmo_layout::sampling::count_down(left, size);
         if left > 0 {
             t.sample_left.set(left);
             return false;
@@ -411,7 +412,7 @@ fn draw(t: &Tls, interval: u64) -> i64 {
     x ^= x << 17;
     t.rng.set(x);
     let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-    ((-u.ln() * interval as f64).min(i64::MAX as f64 / 4.0) as i64).max(1)
+    vmo_layout::sampling::next_distance(u, interval)
 }
 
 /// Runs `f` with the global and thread state unless recording is off, not yet possible, or the
