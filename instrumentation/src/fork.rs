@@ -3,7 +3,7 @@
 //! ARCHITECTURE.md, "Start-up and process events").
 
 use crate::region;
-use crate::state::*;
+use crate::shared::*;
 use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
@@ -70,7 +70,7 @@ pub fn register_fork_handlers() {
     if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
-    crate::state::with_tls(|t| {
+    crate::shared::with_tls(|t| {
         internal(t, || {
             // SAFETY: registering handlers of the right signature; may allocate (the guard
             // routes that to glibc).
@@ -151,7 +151,7 @@ pub(crate) extern "C" fn fork_child() {
         return;
     }
     let lease = FORK_LEASE.load(Ordering::Relaxed);
-    crate::state::with_tls(|t| {
+    crate::shared::with_tls(|t| {
         internal(t, || {
             if !child_region(g, t, lease) {
                 STATE.store(DISABLED, Ordering::Release);
