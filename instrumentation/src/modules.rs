@@ -433,9 +433,11 @@ fn maps_line_path(line: &[u8], addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> 
 pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     let align4 = |x: usize| (x + 3) & !3;
     while notes.len() >= 12 {
-        let namesz = u32::from_ne_bytes(notes[0..4].try_into().unwrap()) as usize;
-        let descsz = u32::from_ne_bytes(notes[4..8].try_into().unwrap()) as usize;
-        let kind = u32::from_ne_bytes(notes[8..12].try_into().unwrap());
+        let word =
+            |i: usize| u32::from_ne_bytes([notes[i], notes[i + 1], notes[i + 2], notes[i + 3]]);
+        let namesz = word(0) as usize;
+        let descsz = word(4) as usize;
+        let kind = word(8);
         let name_end = 12usize.checked_add(namesz)?;
         let desc_start = 12usize.checked_add(align4(namesz))?;
         let desc_end = desc_start.checked_add(descsz)?;

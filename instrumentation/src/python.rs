@@ -386,9 +386,7 @@ fn try_install(wrappers: &Wrappers) {
         }
         // SAFETY: see `Cell`: only the installing thread writes, before ACTIVE; the wrappers
         // read it only once set as the domain's allocator below.
-        unsafe { *orig.0.get() = Some(a) };
-        // SAFETY: set just above.
-        let ctx = unsafe { (*orig.0.get()).as_mut().unwrap() as *mut PyMemAllocatorEx };
+        let ctx = unsafe { (*orig.0.get()).insert(a) as *mut PyMemAllocatorEx };
         let _ = wrapper;
         let mut w = PyMemAllocatorEx {
             ctx: ctx as *mut c_void,
