@@ -51,15 +51,9 @@ pub const EXIT_DAMAGED: i32 = 3;
 /// [`EXIT_DAMAGED`] instead of 0.
 pub static DAMAGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// How many blocks of `size` bytes one sampled block stands for, when bytes are sampled as a
-/// Poisson process of mean `interval` (heapprofd, jemalloc; Go's `scaleHeapSample`):
-/// `1 / (1 - exp(-size / interval))`. 1 when `interval` is 0 (every block recorded).
-pub fn weight(size: f64, interval: u64) -> f64 {
-    if interval == 0 || size <= 0.0 {
-        return 1.0;
-    }
-    1.0 / (1.0 - (-size / interval as f64).exp())
-}
+/// How many blocks of `size` bytes one sampled block stands for at mean `interval`: the shared
+/// formula, [`vmo_layout::sampling::weight`].
+pub use vmo_layout::sampling::weight;
 
 /// Snapshots the region in `opened`.
 ///

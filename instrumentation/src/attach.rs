@@ -101,8 +101,9 @@ pub fn start(env: &'static [u8], marker_pc: u64) -> Result<Started, AttachError>
         if interval != 0 && !state::sample(size, interval) {
             continue;
         }
-        let done =
-            state::enter(|g, t| crate::hooks::insert_deferred(g, t, addr, size, &[marker_pc]));
+        let done = crate::hooks::enter(|g, t| {
+            crate::hooks::insert_deferred(g, t, addr, size, &[marker_pc])
+        });
         if done.is_some() {
             started.blocks += 1;
             started.bytes += size;

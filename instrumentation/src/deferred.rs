@@ -2,8 +2,6 @@
 //! thread and recorded when the interrupted operation ends (see ARCHITECTURE.md, "Start-up
 //! and process events", reentrancy guard).
 
-use crate::state::{acquire_slot, release_slot, with_tls, Global, Tls};
-use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The function that really frees a block whose free was deferred (`__libc_free` for
@@ -11,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) static REAL_FREE: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-/// Registers the function that frees blocks for real (see [`defer`]). With it, a free made by
+/// Registers the function that frees blocks for real (see `state::defer`). With it, a free made by
 /// a signal handler while its thread is recording is held back until the record is closed,
 /// so the address cannot be handed out again before.
 pub fn set_real_free(f: unsafe extern "C" fn(*mut libc::c_void)) {
@@ -22,12 +20,12 @@ pub fn set_real_free(f: unsafe extern "C" fn(*mut libc::c_void)) {
 #[derive(Clone, Copy)]
 pub(crate) struct Op {
     /// Block address.
-    ptr: u64,
+    pub(crate) ptr: u64,
     /// Requested size; `FREE_OP` for a free, `FREE_HELD` for a free whose block the drain
     /// frees for real.
-    size: u64,
-    depth: u64,
-    frames: [u64; DEFERRED_FRAMES],
+    pub(crate) size: u64,
+    pub(crate) depth: u64,
+    pub(crate) frames: [u64; DEFERRED_FRAMES],
 }
 pub(crate) const FREE_OP: u64 = u64::MAX;
 pub(crate) const FREE_HELD: u64 = u64::MAX - 1;
@@ -75,74 +73,20 @@ impl Deferred {
         true
     }
 
-    /// Records every queued call (oldest first), including those handlers add meanwhile.
-    pub(crate) fn drain(&self, g: &'static Global, t: &Tls) {
-        loop {
-            let h = self.head.load(Ordering::Relaxed);
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-            if h == self.tail.load(Ordering::Relaxed) {
-                break;
-            }
-            let op = self.ops[h as usize % DEFERRED_CAP];
-            self.head.store(h + 1, Ordering::Relaxed);
-            if op.size == FREE_OP || op.size == FREE_HELD {
-                crate::hooks::erase_deferred(g, t, op.ptr);
-                let f = REAL_FREE.load(Ordering::Relaxed);
-                if op.size == FREE_HELD && f != 0 {
-                    // SAFETY: `f` was registered by set_real_free with this signature; the
-                    // block was the program's and its free was held back for this.
-                    unsafe {
-                        std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::c_void)>(f)(
-                            op.ptr as *mut libc::c_void,
-                        )
-                    };
-                }
-            } else {
-                let n = (op.depth as usize).min(DEFERRED_FRAMES);
-                crate::hooks::insert_deferred(g, t, op.ptr, op.size, &op.frames[..n]);
-            }
+    /// Takes the oldest queued call, if any (the owning thread only: handlers only append).
+    pub(crate) fn pop(&self) -> Option<Op> {
+        let h = self.head.load(Ordering::Relaxed);
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if h == self.tail.load(Ordering::Relaxed) {
+            return None;
         }
-        let lost = self.lost.swap(0, Ordering::Relaxed);
-        if lost != 0 {
-            let (slot_idx, slot) = acquire_slot(g, t);
-            slot.dropped.store(
-                slot.dropped.load(Ordering::Relaxed) + lost,
-                Ordering::Relaxed,
-            );
-            release_slot(slot_idx);
-        }
+        let op = self.ops[h as usize % DEFERRED_CAP];
+        self.head.store(h + 1, Ordering::Relaxed);
+        Some(op)
     }
-}
 
-/// From a signal handler that interrupted this thread's recording: queues an allocation
-/// (`frames` its stack) or a free (`size == None`) to be recorded when the interrupted
-/// operation ends. For a free, returns true when the caller must not free the block: the
-/// drain will, after closing its record (only with [`set_real_free`]).
-pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> bool {
-    with_tls(|t| {
-        let mut d = t.deferred.get();
-        if d.is_null() {
-            d = map_anon(std::mem::size_of::<Deferred>()) as *mut Deferred;
-            if d.is_null() {
-                return false;
-            }
-            t.deferred.set(d);
-        }
-        let hold = may_hold && size.is_none() && REAL_FREE.load(Ordering::Relaxed) != 0;
-        let mut op = Op {
-            ptr,
-            size: match size {
-                Some(s) => s.min(FREE_HELD - 1),
-                None if hold => FREE_HELD,
-                None => FREE_OP,
-            },
-            depth: frames.len().min(DEFERRED_FRAMES) as u64,
-            frames: [0; DEFERRED_FRAMES],
-        };
-        let n = op.depth as usize;
-        op.frames[..n].copy_from_slice(&frames[..n]);
-        // SAFETY: a zero-filled mapping is a valid, empty queue; only this thread uses it.
-        let ok = unsafe { (*d).push(&op) };
-        ok && hold
-    })
+    /// The calls that did not fit since the last look, counted back to zero.
+    pub(crate) fn take_lost(&self) -> u64 {
+        self.lost.swap(0, Ordering::Relaxed)
+    }
 }

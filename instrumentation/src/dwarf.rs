@@ -84,38 +84,34 @@ impl Objects {
 static OBJECTS: AtomicPtr<Objects> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Every live cache (to find the object lists they use), and the replaced object lists not
-/// freed yet; both behind [`REGISTRY_LOCK`], touched only where allocating is allowed.
+/// freed yet; both behind [`REGISTRY`]'s lock, touched only where allocating is allowed.
 struct Registry {
     caches: Vec<usize>,
     retired: Vec<usize>,
 }
-static REGISTRY_LOCK: crate::sys::SpinLock = crate::sys::SpinLock::new();
-struct RegistryCell(std::cell::UnsafeCell<Registry>);
-// SAFETY: the registry is only accessed under REGISTRY_LOCK (see `with_registry`).
-unsafe impl Sync for RegistryCell {}
-static REGISTRY: RegistryCell = RegistryCell(std::cell::UnsafeCell::new(Registry {
+static REGISTRY: crate::sys::SpinLock<Registry> = crate::sys::SpinLock::new(Registry {
     caches: Vec::new(),
     retired: Vec::new(),
-}));
+});
 
 /// Runs `f` on the registry under its lock.
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
-    REGISTRY_LOCK.lock();
-    // SAFETY: the lock gives exclusive access to REGISTRY.
-    let r = f(unsafe { &mut *REGISTRY.0.get() });
-    REGISTRY_LOCK.unlock();
-    r
+    f(&mut REGISTRY.lock())
 }
 
 /// Takes the registry lock across `fork` (a fork racing a thread's first unwind would leave
 /// the child's copy locked).
 pub(crate) fn lock_for_fork() {
-    REGISTRY_LOCK.lock();
+    REGISTRY.lock_for_fork();
 }
 
 /// Releases what [`lock_for_fork`] took.
-pub(crate) fn unlock_after_fork() {
-    REGISTRY_LOCK.unlock();
+///
+/// # Safety
+/// [`lock_for_fork`] took the lock (no guard exists).
+pub(crate) unsafe fn unlock_after_fork() {
+    // SAFETY: per the contract.
+    unsafe { REGISTRY.unlock_after_fork() };
 }
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 

@@ -3,7 +3,7 @@
 //! ARCHITECTURE.md, "Start-up and process events").
 
 use crate::region;
-use crate::state::*;
+use crate::shared::*;
 use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
@@ -70,7 +70,7 @@ pub fn register_fork_handlers() {
     if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
-    crate::state::with_tls(|t| {
+    crate::shared::with_tls(|t| {
         internal(t, || {
             // SAFETY: registering handlers of the right signature; may allocate (the guard
             // routes that to glibc).
@@ -108,9 +108,9 @@ pub(crate) extern "C" fn fork_prepare() {
         crate::modules::lock_for_fork();
         #[cfg(target_arch = "x86_64")]
         crate::dwarf::lock_for_fork();
-        ORPHAN.lock();
+        ORPHAN.lock_for_fork();
         INDEX.lock_all();
-        g.free.lock.lock();
+        g.free.q.lock_for_fork();
         FORK_LOCKED.store(true, Ordering::Relaxed);
     }
 }
@@ -118,12 +118,16 @@ pub(crate) extern "C" fn fork_prepare() {
 /// Releases what `fork_prepare` took.
 pub(crate) fn fork_unlock(g: &Global) {
     if FORK_LOCKED.swap(false, Ordering::Relaxed) {
-        ORPHAN.unlock();
-        g.free.lock.unlock();
-        INDEX.unlock_all();
-        #[cfg(target_arch = "x86_64")]
-        crate::dwarf::unlock_after_fork();
-        crate::modules::unlock_after_fork();
+        // SAFETY: FORK_LOCKED was set, so fork_prepare took each of these with lock_for_fork
+        // and no guard exists for them.
+        unsafe {
+            ORPHAN.unlock_after_fork();
+            g.free.q.unlock_after_fork();
+            INDEX.unlock_all();
+            #[cfg(target_arch = "x86_64")]
+            crate::dwarf::unlock_after_fork();
+            crate::modules::unlock_after_fork();
+        }
     }
 }
 
@@ -147,7 +151,7 @@ pub(crate) extern "C" fn fork_child() {
         return;
     }
     let lease = FORK_LEASE.load(Ordering::Relaxed);
-    crate::state::with_tls(|t| {
+    crate::shared::with_tls(|t| {
         internal(t, || {
             if !child_region(g, t, lease) {
                 STATE.store(DISABLED, Ordering::Release);

@@ -5,10 +5,12 @@
 //! returned the block; an erase reads its time *before* the block goes back to the allocator.
 //! So if a block's address is reused, the old record's `t_free` is below the new one's `t_alloc`.
 
-use crate::state::{
-    self, acquire_slot, enter, recycle_node, release_slot, take_node, tick, Global, Tls,
-};
+use crate::deferred::{Deferred, DEFERRED_FRAMES, FREE_HELD, FREE_OP, REAL_FREE};
+use crate::python::{self, Wrappers};
+use crate::shared;
+use crate::state::{self, acquire_slot, recycle_node, take_node, tick, Global, Tls};
 use crate::unwind::{hash_frames, walk, Start};
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use vmo_layout::clock::now_ns;
 use vmo_layout::v1::MAX_FRAMES;
@@ -42,7 +44,7 @@ fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     if ptr.is_null() {
         return;
     }
-    crate::python::poll();
+    python::poll(&PY_WRAPPERS);
     let interval = state::sample_interval();
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
@@ -51,7 +53,7 @@ fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
         insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))
     };
     let done = if forwarded {
-        state::enter_forwarded(record)
+        enter_forwarded(record)
     } else {
         enter(record)
     };
@@ -83,7 +85,7 @@ fn deferred_alloc(ptr: *mut u8, size: usize, start: Start) {
 }
 
 /// Erases the record of `ptr` (ignored when the shim never saw it). Returns the recorded size.
-/// Also inside a Python allocator wrapper's forwarded call ([`state::enter_forwarded`]): a
+/// Also inside a Python allocator wrapper's forwarded call ([`enter_forwarded`]): a
 /// block freed there that still has a record is not the wrapper's.
 #[inline]
 pub fn record_free(ptr: *mut u8) -> Option<u64> {
@@ -94,7 +96,7 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return None;
     }
-    match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
+    match enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(r) => r,
         None => {
             if state::interrupted_recording() {
@@ -118,7 +120,7 @@ pub fn record_free_deferrable(ptr: *mut u8) -> bool {
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return false;
     }
-    match state::enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
+    match enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
     }
@@ -232,7 +234,8 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
     }
     let stack = stack_of(g, t);
     let w: &RegionWriter = &g.writer;
-    let (slot_idx, slot) = acquire_slot(g, t);
+    let held = acquire_slot(g, t);
+    let (slot_idx, slot) = (held.idx, held.slot);
     // The index is private to this process: updating it (which may grow a shard) stays out of
     // the operation window a snapshot may wait on. Nobody can free `addr` before this call
     // returns, so indexing it before its record is published is safe; doing it first keeps
@@ -280,7 +283,7 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
         None => add(&slot.dropped, 1),
     }
     RegionWriter::op_end(slot);
-    release_slot(slot_idx);
+    drop(held);
     tick(g, t, slot_idx);
 }
 
@@ -289,7 +292,8 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     if state::sample_interval() != 0 {
         state::PRESENCE.sub(addr);
     }
-    let (slot_idx, slot) = acquire_slot(g, t);
+    let held = acquire_slot(g, t);
+    let (slot_idx, slot) = (held.idx, held.slot);
     RegionWriter::op_begin(slot, n);
     let (now, last) = g.writer.stamp(now_ns());
     t.set_last_now(now);
@@ -302,7 +306,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     add(&slot.frees, 1);
     add(&slot.free_bytes, size);
     RegionWriter::op_end(slot);
-    release_slot(slot_idx);
+    drop(held);
     retire(g, t, n, last);
     tick(g, t, slot_idx);
     Some(size)
@@ -350,4 +354,165 @@ fn keep_for_named(g: &Global, t: &Tls, n: u32, last: u64) -> bool {
 #[inline]
 fn add(c: &std::sync::atomic::AtomicU64, v: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+}
+
+/// Runs `f` with the global and thread state unless recording is off, not yet possible, or the
+/// thread is already inside the shim (then the call is not recorded and `None` returned).
+#[inline]
+pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    enter_as(false, f)
+}
+
+/// As [`enter`], and also inside a wrapper's forwarded call ([`state::forwarding`]): for the
+/// records of blocks that are not the wrapper's own (it closes its block's record before
+/// forwarding), such as the interpreter's own tables that its allocator reallocates or frees
+/// meanwhile (pymalloc's `arenas` array, grown by `realloc` inside an object allocation).
+/// Without this the old block's record would stay live after glibc took it back.
+#[inline]
+pub fn enter_forwarded<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    enter_as(true, f)
+}
+
+#[inline(always)]
+fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
+    let g = match shared::global() {
+        Some(g) => g,
+        None => {
+            // Disabled (HEAPDUMP_DISABLE=1, a failed start-up) or another thread is starting
+            // up: a plain load and a jump, no locked instruction on the shared state word.
+            if shared::STATE.load(Ordering::Relaxed) != shared::UNINIT
+                || state::WAIT_FOR_START.load(Ordering::Relaxed)
+            {
+                return None;
+            }
+            state::init();
+            shared::global()?
+        }
+    };
+    shared::with_tls(|t| {
+        let guard = t.guard.get();
+        // The guard to go back to: a forwarded call goes on once this record is made.
+        let outer = guard;
+        if guard != shared::GUARD_FREE && !(forwarded && guard == shared::GUARD_FORWARD) {
+            if guard != shared::GUARD_FORWARD {
+                state::NESTED.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
+        // After the guard: the shim's own allocations in a forked child, before its fork
+        // handler has moved it to a region of its own, are not the program's.
+        if !crate::fork::same_process() {
+            crate::fork::foreign_child(g);
+            return None;
+        }
+        t.guard.set(shared::GUARD_RECORDING);
+        if t.slot.get() == 0 {
+            shared::internal(t, || state::register_thread(g, t));
+        }
+        let r = f(g, t);
+        // Record what signal handlers did meanwhile, until none did since the last look.
+        loop {
+            let d = t.deferred.get();
+            if !d.is_null() {
+                // SAFETY: this thread's queue; handlers only append (see `Deferred`).
+                drain(unsafe { &*d }, g, t);
+            }
+            t.guard.set(outer);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            // SAFETY: as above.
+            if d.is_null() || unsafe { (*d).is_empty() } {
+                break;
+            }
+            t.guard.set(shared::GUARD_RECORDING);
+        }
+        Some(r)
+    })
+}
+
+/// Records every call queued in `d` (oldest first), including those handlers add meanwhile.
+fn drain(d: &Deferred, g: &'static Global, t: &Tls) {
+    while let Some(op) = d.pop() {
+        if op.size == FREE_OP || op.size == FREE_HELD {
+            erase_deferred(g, t, op.ptr);
+            let f = REAL_FREE.load(Ordering::Relaxed);
+            if op.size == FREE_HELD && f != 0 {
+                // SAFETY: `f` was registered by set_real_free with this signature; the
+                // block was the program's and its free was held back for this.
+                unsafe {
+                    std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::c_void)>(f)(
+                        op.ptr as *mut libc::c_void,
+                    )
+                };
+            }
+        } else {
+            let n = (op.depth as usize).min(DEFERRED_FRAMES);
+            insert_deferred(g, t, op.ptr, op.size, &op.frames[..n]);
+        }
+    }
+    let lost = d.take_lost();
+    if lost != 0 {
+        let held = acquire_slot(g, t);
+        held.slot.dropped.store(
+            held.slot.dropped.load(Ordering::Relaxed) + lost,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+// ---- CPython's allocator domains ---------------------------------------------------------
+
+/// What `python` installs as the MEM and OBJ domains' allocator once the interpreter is up.
+static PY_WRAPPERS: Wrappers = Wrappers {
+    malloc: py_malloc,
+    calloc: py_calloc,
+    realloc: py_realloc,
+    free: py_free,
+};
+
+#[inline(never)]
+unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: CPython calls us with the ctx we installed; the original is complete.
+    let o = unsafe { python::orig(ctx) };
+    // SAFETY: forwarding the caller's arguments to the original allocator.
+    let p = state::forwarding(|| unsafe { (o.malloc.unwrap_unchecked())(o.ctx, size) });
+    record_alloc(p as *mut u8, size, fp);
+    p
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: as in py_malloc.
+    let o = unsafe { python::orig(ctx) };
+    // SAFETY: as in py_malloc.
+    let p = state::forwarding(|| unsafe { (o.calloc.unwrap_unchecked())(o.ctx, n, size) });
+    record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    p
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
+    let fp = crate::frame_pointer!();
+    // SAFETY: as in py_malloc.
+    let o = unsafe { python::orig(ctx) };
+    let old = record_free(ptr as *mut u8);
+    // SAFETY: as in py_malloc.
+    let q = state::forwarding(|| unsafe { (o.realloc.unwrap_unchecked())(o.ctx, ptr, size) });
+    if !q.is_null() {
+        record_alloc(q as *mut u8, size, fp);
+    } else if let Some(old_size) = old {
+        // Failure leaves the old block valid: record it again.
+        record_alloc(ptr as *mut u8, old_size as usize, fp);
+    }
+    q
+}
+
+#[inline(never)]
+unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: as in py_malloc.
+    let o = unsafe { python::orig(ctx) };
+    record_free(ptr as *mut u8);
+    // SAFETY: as in py_malloc.
+    state::forwarding(|| unsafe { (o.free.unwrap_unchecked())(o.ctx, ptr) });
 }

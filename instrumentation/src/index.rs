@@ -12,7 +12,6 @@
 //! `munmap` that interrupts every other core) again and again.
 
 use crate::sys::{map_anon, unmap, SpinLock};
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Number of shards (a power of two).
@@ -44,8 +43,7 @@ struct Table {
 
 #[repr(align(64))]
 struct Shard {
-    lock: SpinLock,
-    table: UnsafeCell<Table>,
+    table: SpinLock<Table>,
     /// Copies of `table.entries` and `table.cap` for [`AddressIndex::prefetch`], read without
     /// the lock (a stale pair only makes the prefetch useless).
     hint_entries: AtomicPtr<Entry>,
@@ -67,10 +65,9 @@ impl std::fmt::Debug for AddressIndex {
     }
 }
 
-// SAFETY: each shard's table is only touched while its lock is held.
-unsafe impl Sync for AddressIndex {}
-// SAFETY: see Sync; the raw pointers are owned mappings.
-unsafe impl Send for AddressIndex {}
+// SAFETY: a table's entries are an owned mapping, only reached through its shard's lock (or,
+// in `entries`, by a single thread per its contract).
+unsafe impl Send for Table {}
 
 /// MurmurHash3's fmix64.
 #[inline]
@@ -105,8 +102,7 @@ impl AddressIndex {
         AddressIndex {
             shards: [const {
                 Shard {
-                    lock: SpinLock::new(),
-                    table: UnsafeCell::new(Table {
+                    table: SpinLock::new(Table {
                         entries: std::ptr::null_mut(),
                         cap: 0,
                         len: 0,
@@ -148,16 +144,13 @@ impl AddressIndex {
         debug_assert!(address != EMPTY);
         let h = hash(address);
         let shard = self.shard(h);
-        shard.lock.lock();
-        // SAFETY: the shard lock is held.
-        let t = unsafe { &mut *shard.table.get() };
+        let mut t = shard.table.lock();
         let cap = t.cap;
-        let r = insert_locked(t, address, node, size);
+        let r = insert_locked(&mut t, address, node, size);
         if t.cap != cap {
             shard.hint_entries.store(t.entries, Ordering::Relaxed);
             shard.hint_cap.store(t.cap, Ordering::Relaxed);
         }
-        shard.lock.unlock();
         r
     }
 
@@ -167,25 +160,24 @@ impl AddressIndex {
         let address = address ^ HIDE;
         let h = hash(address);
         let shard = self.shard(h);
-        shard.lock.lock();
-        // SAFETY: the shard lock is held.
-        let t = unsafe { &mut *shard.table.get() };
-        let r = remove_locked(t, address);
-        shard.lock.unlock();
-        r
+        remove_locked(&mut shard.table.lock(), address)
     }
 
     /// Takes every shard lock (before `fork`, so the child gets a consistent index).
     pub fn lock_all(&self) {
         for s in &self.shards {
-            s.lock.lock();
+            s.table.lock_for_fork();
         }
     }
 
     /// Releases every shard lock (after `fork`, in parent and child).
-    pub fn unlock_all(&self) {
+    ///
+    /// # Safety
+    /// [`AddressIndex::lock_all`] took the locks (no guard exists).
+    pub unsafe fn unlock_all(&self) {
         for s in &self.shards {
-            s.lock.unlock();
+            // SAFETY: per the contract.
+            unsafe { s.table.unlock_after_fork() };
         }
     }
 
@@ -197,7 +189,7 @@ impl AddressIndex {
     pub unsafe fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.shards.iter().flat_map(|s| {
             // SAFETY: single-threaded per the contract.
-            let t = unsafe { &*s.table.get() };
+            let t = unsafe { &*s.table.get_unlocked() };
             let (entries, cap) = (t.entries, t.cap);
             (0..cap).filter_map(move |i| {
                 // SAFETY: i < cap, and the table is not modified meanwhile (contract).
@@ -210,16 +202,7 @@ impl AddressIndex {
     /// Live entries (for tests).
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                s.lock.lock();
-                // SAFETY: the shard lock is held.
-                let n = unsafe { (*s.table.get()).len };
-                s.lock.unlock();
-                n
-            })
-            .sum()
+        self.shards.iter().map(|s| s.table.lock().len).sum()
     }
 
     /// Whether no address is indexed.

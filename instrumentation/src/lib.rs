@@ -19,6 +19,8 @@
 //! Nothing on the recording path allocates, panics or takes a lock shared by all threads.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+// No `unwrap` in the shim: it runs inside other programs' `malloc` (issue 22 A4). Tests may.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod attach;
 mod deferred;
@@ -29,6 +31,7 @@ mod deferred;
 pub mod dwarf;
 pub mod exec;
 mod fork;
+mod freelist;
 pub mod glibc_heap;
 pub mod global_alloc;
 pub mod hooks;
@@ -37,6 +40,7 @@ mod modules;
 mod nodes;
 pub mod python;
 mod region;
+mod shared;
 mod stacks;
 pub mod state;
 mod sys;

@@ -16,7 +16,7 @@ use vmo_layout::v1::{
 };
 use vmo_layout::RegionWriter;
 
-static LOCK: SpinLock = SpinLock::new();
+static LOCK: SpinLock = SpinLock::new(());
 const MAX_TRACKED: usize = 4096;
 
 struct Ctx<'a> {
@@ -30,7 +30,7 @@ struct Ctx<'a> {
 /// longer loaded are marked unloaded. `exe_path` names the main executable (whose `dlpi_name`
 /// is empty).
 pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
-    LOCK.lock();
+    let _held = LOCK.lock();
     // SAFETY: LOCK makes us the only writer of the module table in this process.
     unsafe {
         w.with_modules(|table, count| {
@@ -50,7 +50,6 @@ pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
             }
         })
     };
-    LOCK.unlock();
 }
 
 /// Adds the executable file mappings the module table lacks (see [`add_unlisted_mappings`])
@@ -58,11 +57,11 @@ pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
 /// Does nothing when another thread is updating the table (the lock is only tried).
 /// Returns whether it added any.
 pub fn add_mappings(w: &RegionWriter) -> bool {
-    if !LOCK.try_lock() {
+    let Some(_held) = LOCK.try_lock() else {
         return false;
-    }
+    };
     // SAFETY: LOCK makes us the only writer of the module table in this process.
-    let added = unsafe {
+    unsafe {
         w.with_modules(|table, count| {
             let before = count.load(Ordering::Relaxed);
             let mut ctx = Ctx {
@@ -74,9 +73,7 @@ pub fn add_mappings(w: &RegionWriter) -> bool {
             add_unlisted_mappings(&mut ctx);
             ctx.count.load(Ordering::Relaxed) != before
         })
-    };
-    LOCK.unlock();
-    added
+    }
 }
 
 /// Set when a stack walk met code in no loaded object (generated code, or a mapping the
@@ -436,9 +433,11 @@ fn maps_line_path(line: &[u8], addr: u64, out: &mut [u8; MODULE_PATH_BYTES]) -> 
 pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
     let align4 = |x: usize| (x + 3) & !3;
     while notes.len() >= 12 {
-        let namesz = u32::from_ne_bytes(notes[0..4].try_into().unwrap()) as usize;
-        let descsz = u32::from_ne_bytes(notes[4..8].try_into().unwrap()) as usize;
-        let kind = u32::from_ne_bytes(notes[8..12].try_into().unwrap());
+        let word =
+            |i: usize| u32::from_ne_bytes([notes[i], notes[i + 1], notes[i + 2], notes[i + 3]]);
+        let namesz = word(0) as usize;
+        let descsz = word(4) as usize;
+        let kind = word(8);
         let name_end = 12usize.checked_add(namesz)?;
         let desc_start = 12usize.checked_add(align4(namesz))?;
         let desc_end = desc_start.checked_add(descsz)?;
@@ -456,10 +455,14 @@ pub fn find_build_id(mut notes: &[u8]) -> Option<&[u8]> {
 /// Takes the module-table lock across `fork` (see `state::fork_prepare`): a fork racing a
 /// refresh would leave the child's copy locked forever.
 pub(crate) fn lock_for_fork() {
-    LOCK.lock();
+    LOCK.lock_for_fork();
 }
 
 /// Releases what [`lock_for_fork`] took (in the parent, and in the child).
-pub(crate) fn unlock_after_fork() {
-    LOCK.unlock();
+///
+/// # Safety
+/// [`lock_for_fork`] took the lock (no guard exists).
+pub(crate) unsafe fn unlock_after_fork() {
+    // SAFETY: per the contract.
+    unsafe { LOCK.unlock_after_fork() };
 }

@@ -55,12 +55,24 @@ static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 /// CPython's `PyMemAllocatorEx`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct PyMemAllocatorEx {
-    ctx: *mut c_void,
-    malloc: Option<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>,
-    calloc: Option<unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void>,
-    realloc: Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void>,
-    free: Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>,
+pub(crate) struct PyMemAllocatorEx {
+    pub(crate) ctx: *mut c_void,
+    pub(crate) malloc: Option<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>,
+    pub(crate) calloc: Option<unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void>,
+    pub(crate) realloc:
+        Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void>,
+    pub(crate) free: Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>,
+}
+
+/// The recording wrappers installed as each domain's allocator (in `hooks`, which records;
+/// passed in so that this module does not import it). Their `ctx` is the domain's saved
+/// original allocator ([`orig`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Wrappers {
+    pub(crate) malloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void,
+    pub(crate) calloc: unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void,
+    pub(crate) realloc: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void,
+    pub(crate) free: unsafe extern "C" fn(*mut c_void, *mut c_void),
 }
 
 const PYMEM_DOMAIN_MEM: c_int = 1;
@@ -330,15 +342,15 @@ pub fn forget_if_unloaded() {
 /// Wraps the interpreter's allocators once it is ready (see the module documentation); a
 /// relaxed load when there is nothing to do.
 #[inline]
-pub fn poll() {
+pub(crate) fn poll(wrappers: &Wrappers) {
     if STATE.load(Ordering::Relaxed) == DETECTED {
-        try_install();
+        try_install(wrappers);
     }
 }
 
 #[cold]
 #[inline(never)]
-fn try_install() {
+fn try_install(wrappers: &Wrappers) {
     let Some(py) = py() else { return };
     if state::inside_shim() {
         return;
@@ -374,16 +386,14 @@ fn try_install() {
         }
         // SAFETY: see `Cell`: only the installing thread writes, before ACTIVE; the wrappers
         // read it only once set as the domain's allocator below.
-        unsafe { *orig.0.get() = Some(a) };
-        // SAFETY: set just above.
-        let ctx = unsafe { (*orig.0.get()).as_mut().unwrap() as *mut PyMemAllocatorEx };
+        let ctx = unsafe { (*orig.0.get()).insert(a) as *mut PyMemAllocatorEx };
         let _ = wrapper;
         let mut w = PyMemAllocatorEx {
             ctx: ctx as *mut c_void,
-            malloc: Some(py_malloc),
-            calloc: Some(py_calloc),
-            realloc: Some(py_realloc),
-            free: Some(py_free),
+            malloc: Some(wrappers.malloc),
+            calloc: Some(wrappers.calloc),
+            realloc: Some(wrappers.realloc),
+            free: Some(wrappers.free),
         };
         // SAFETY: as above; the wrappers forward every call to the saved original, as the
         // API requires of an allocator installed after initialization.
@@ -395,57 +405,9 @@ fn try_install() {
 /// # Safety
 /// `ctx` is the `PyMemAllocatorEx` saved by `try_install`.
 #[inline(always)]
-unsafe fn orig(ctx: *mut c_void) -> &'static PyMemAllocatorEx {
+pub(crate) unsafe fn orig(ctx: *mut c_void) -> &'static PyMemAllocatorEx {
     // SAFETY: the caller's contract; the saved allocators are never freed or changed.
     unsafe { &*(ctx as *const PyMemAllocatorEx) }
-}
-
-#[inline(never)]
-unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
-    let fp = crate::frame_pointer!();
-    // SAFETY: CPython calls us with the ctx we installed; the original is complete.
-    let o = unsafe { orig(ctx) };
-    // SAFETY: forwarding the caller's arguments to the original allocator.
-    let p = state::forwarding(|| unsafe { (o.malloc.unwrap_unchecked())(o.ctx, size) });
-    crate::hooks::record_alloc(p as *mut u8, size, fp);
-    p
-}
-
-#[inline(never)]
-unsafe extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut c_void {
-    let fp = crate::frame_pointer!();
-    // SAFETY: as in py_malloc.
-    let o = unsafe { orig(ctx) };
-    // SAFETY: as in py_malloc.
-    let p = state::forwarding(|| unsafe { (o.calloc.unwrap_unchecked())(o.ctx, n, size) });
-    crate::hooks::record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
-    p
-}
-
-#[inline(never)]
-unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
-    let fp = crate::frame_pointer!();
-    // SAFETY: as in py_malloc.
-    let o = unsafe { orig(ctx) };
-    let old = crate::hooks::record_free(ptr as *mut u8);
-    // SAFETY: as in py_malloc.
-    let q = state::forwarding(|| unsafe { (o.realloc.unwrap_unchecked())(o.ctx, ptr, size) });
-    if !q.is_null() {
-        crate::hooks::record_alloc(q as *mut u8, size, fp);
-    } else if let Some(old_size) = old {
-        // Failure leaves the old block valid: record it again.
-        crate::hooks::record_alloc(ptr as *mut u8, old_size as usize, fp);
-    }
-    q
-}
-
-#[inline(never)]
-unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {
-    // SAFETY: as in py_malloc.
-    let o = unsafe { orig(ctx) };
-    crate::hooks::record_free(ptr as *mut u8);
-    // SAFETY: as in py_malloc.
-    state::forwarding(|| unsafe { (o.free.unwrap_unchecked())(o.ctx, ptr) });
 }
 
 // ---- frames ------------------------------------------------------------------------------

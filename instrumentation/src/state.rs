@@ -1,43 +1,27 @@
-//! Process-wide and per-thread state: the start-up state machine, the reentrancy guard, thread
-//! slots and the per-thread node caches.
+//! Process-wide and per-thread state: the start-up state machine, sampling, thread
+//! registration and exit, process exit. The shared types themselves (`Global`, `Tls`, the
+//! guard) are in `shared.rs`, re-exported here.
 
-use crate::deferred::Deferred;
-pub use crate::deferred::{defer, set_real_free};
+pub use crate::deferred::set_real_free;
+use crate::deferred::{Deferred, Op, DEFERRED_FRAMES, FREE_HELD, FREE_OP, REAL_FREE};
 pub use crate::fork::register_fork_handlers;
-use crate::fork::{foreign_child, same_process, set_process_token};
-use crate::index::AddressIndex;
+use crate::fork::set_process_token;
+pub use crate::freelist::FreeNodes;
 use crate::nodes::flush_nodes;
-pub use crate::nodes::{recycle_node, take_node, FreeNodes};
-use crate::region::{self, Settings};
-use crate::stacks::{StackIndex, CACHE};
-use crate::sys::SpinLock;
-use std::cell::{Cell, UnsafeCell};
-use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+pub use crate::nodes::{recycle_node, take_node};
+use crate::region;
+pub use crate::shared::*;
+use crate::stacks::StackIndex;
+use crate::sys::map_anon;
+use std::sync::atomic::{AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
-use vmo_layout::v1::{ThreadSlotV1, STATE_EXITED, STATE_READY};
-use vmo_layout::RegionWriter;
+use vmo_layout::v1::{STATE_EXITED, STATE_READY};
 
-const UNINIT: u8 = 0;
-const INITIALIZING: u8 = 1;
-pub(crate) const READY: u8 = 2;
-pub(crate) const DISABLED: u8 = 3;
-
-pub(crate) static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// Mean sampling interval in bytes; 0 when every allocation is recorded.
-static SAMPLE_INTERVAL: AtomicU64 = AtomicU64::new(0);
-/// Whether stacks are unwound by CFI (else by frame pointers).
-static DWARF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// The fork lease this process stored in its region before `fork` (0: none of ours).
-pub(crate) static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
-/// The address index (private to this process).
-pub(crate) static INDEX: AddressIndex = AddressIndex::new();
-/// In sampling mode, which addresses may be in [`INDEX`] (see [`crate::index::Presence`]).
-pub(crate) static PRESENCE: crate::index::Presence = crate::index::Presence::new();
 /// Set when the library was `dlopen`ed rather than preloaded ([`wait_for_start`]): the first
 /// allocator call does not start recording; only an explicit [`init`] (`heapdump attach`'s
 /// entry) does.
-static WAIT_FOR_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static WAIT_FOR_START: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Recording starts only when [`init`] is called, not lazily at the first allocator call: for
 /// a library `dlopen`ed into a running process, whose calls before `heapdump attach` starts it
@@ -47,89 +31,14 @@ pub fn wait_for_start() {
     WAIT_FOR_START.store(true, Ordering::Relaxed);
 }
 
-/// Serializes users of the shared thread slot 0 (threads with no slot of their own).
-pub(crate) static ORPHAN: SpinLock = SpinLock::new();
-/// Thread slot shared by threads that have no slot of their own (exited, or table full).
-pub const ORPHAN_SLOT: u32 = 0;
 /// Allocator calls that arrived while their thread was already inside the shim (the shim's own
 /// libc calls during start-up or thread registration; never on the recording path).
-static NESTED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static NESTED: AtomicU64 = AtomicU64::new(0);
 
 /// Number of allocator calls made from inside the shim so far (see [`NESTED`]); a test reads it
 /// around the recording path to prove that path allocates nothing.
 pub fn nested_calls() -> u64 {
     NESTED.load(Ordering::Relaxed)
-}
-
-/// Whether the calling thread is inside the shim right now: an allocation made now is the
-/// shim's own (its unwinder tables, libc calls at start-up), not the program's, and is not
-/// recorded. A counting inner allocator can use this to keep its tally comparable.
-pub fn inside_shim() -> bool {
-    with_tls(|t| t.guard.get() != GUARD_FREE)
-}
-
-/// [`Tls::guard`]: the thread is not inside the shim.
-const GUARD_FREE: u8 = 0;
-/// [`Tls::guard`]: the thread is recording an operation. The recording path calls nothing
-/// that allocates, so an allocator call arriving now comes from a signal handler that
-/// interrupted it: it is queued ([`Deferred`]) and recorded when the operation ends.
-const GUARD_RECORDING: u8 = 1;
-/// [`Tls::guard`]: the shim's own work that may call libc's allocator (start-up, thread
-/// registration, unwinder tables, module refresh, thread exit, fork). Signals are blocked
-/// meanwhile, so every allocator call arriving now is the shim's own: passed through
-/// unrecorded.
-const GUARD_INTERNAL: u8 = 2;
-/// [`Tls::guard`]: a wrapper of the Python allocator domains is forwarding a call to the
-/// interpreter's own allocator ([`forwarding`]), which records the block itself afterwards:
-/// the `malloc` a large request ends in is passed through unrecorded.
-const GUARD_FORWARD: u8 = 3;
-
-/// Runs `f` (a call into the allocator a recording wrapper wraps) with the calling thread's
-/// allocations passed through unrecorded, unless it is already inside the shim. No system
-/// call: a signal handler's allocation meanwhile is passed through unrecorded too.
-#[inline(always)]
-pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
-    with_tls(|t| {
-        let outer = t.guard.get();
-        if outer == GUARD_FREE {
-            t.guard.set(GUARD_FORWARD);
-        }
-        let r = f();
-        t.guard.set(outer);
-        r
-    })
-}
-
-/// Runs `f` as the shim's own work (see [`internal`]) on the calling thread.
-pub(crate) fn internal_work<R>(f: impl FnOnce() -> R) -> R {
-    with_tls(|t| internal(t, f))
-}
-
-/// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
-/// unrecorded, and signals are blocked so that no handler's allocation is mistaken for one.
-/// errno is kept: this work's failing system calls (`mkdir` of an existing directory, …) must
-/// not show through `malloc` or `free`.
-pub(crate) fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
-    // SAFETY: __errno_location returns this thread's errno.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    // SAFETY: a sigset filled by sigfillset; pthread_sigmask only changes this thread's mask,
-    // restored below.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-    }
-    let outer = t.guard.replace(GUARD_INTERNAL);
-    let r = f();
-    t.guard.set(outer);
-    // SAFETY: restores the mask saved above, then errno.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        *libc::__errno_location() = saved_errno;
-    }
-    r
 }
 
 /// Blocks recorded by the calling thread's slot (0 if it has none yet).
@@ -140,35 +49,6 @@ pub fn thread_recorded_allocations() -> u64 {
         s => g.writer.thread(s - 1).allocs.load(Ordering::Relaxed),
     })
 }
-
-/// Everything set up once per process.
-#[derive(Debug)]
-pub struct Global {
-    /// Writer over this process's region.
-    pub writer: RegionWriter,
-    /// Private stack index.
-    pub stacks: StackIndex,
-    /// Recycled nodes shared between threads.
-    pub free: FreeNodes,
-    /// Region file path, NUL-terminated.
-    pub path: [u8; 640],
-    /// Executable path.
-    pub exe: [u8; 1024],
-    /// Length of `exe`.
-    pub exe_len: usize,
-    /// Settings from the environment.
-    pub settings: Settings,
-    /// Pid that created the region.
-    pub pid: u32,
-    /// pthread key whose destructor releases a thread's slot.
-    pub key: libc::pthread_key_t,
-}
-
-pub(crate) struct GlobalCell(pub(crate) UnsafeCell<MaybeUninit<Global>>);
-// SAFETY: written once by the initializing thread before STATE becomes READY (Release);
-// read only after observing READY (Acquire).
-unsafe impl Sync for GlobalCell {}
-pub(crate) static GLOBAL: GlobalCell = GlobalCell(UnsafeCell::new(MaybeUninit::uninit()));
 
 /// Records a named snapshot: the blocks live now can be snapshotted later by that name
 /// (`heapdump snapshot --named NAME`), even after the process exits. Cheap: no allocation, no
@@ -182,197 +62,6 @@ pub fn take_named_snapshot(name: &[u8]) -> bool {
     }
 }
 
-/// The global state, if recording.
-#[inline]
-pub fn global() -> Option<&'static Global> {
-    if STATE.load(Ordering::Acquire) == READY {
-        // SAFETY: READY is stored (Release) only after GLOBAL was fully written.
-        Some(unsafe { (*GLOBAL.0.get()).assume_init_ref() })
-    } else {
-        None
-    }
-}
-
-/// Nodes per batch moved between a thread cache and the shared free list.
-pub(crate) const BATCH: usize = 32;
-pub(crate) const RING: usize = 2 * BATCH;
-
-/// Per-thread state. Const-initialised, no destructor: usable from inside `malloc` at any time.
-pub struct Tls {
-    /// `GUARD_*`: whether the thread is inside the shim, and doing what.
-    pub(crate) guard: Cell<u8>,
-    /// Allocator calls made by signal handlers that interrupted this thread while it was
-    /// recording: null until the first.
-    pub(crate) deferred: Cell<*mut Deferred>,
-    /// Slot index + 1; 0 = not registered; `EXITED` = uses the orphan slot.
-    pub(crate) slot: Cell<u32>,
-    pub(crate) tid: Cell<u32>,
-    /// This thread's stack: `[stack_lo, stack_hi)` (0, 0 if unknown).
-    pub(crate) stack_lo: Cell<usize>,
-    pub(crate) stack_hi: Cell<usize>,
-    pub(crate) ops: Cell<u32>,
-    pub(crate) fresh_next: Cell<u32>,
-    pub(crate) fresh_end: Cell<u32>,
-    pub(crate) ring: UnsafeCell<[u32; RING]>,
-    pub(crate) ring_head: Cell<usize>,
-    pub(crate) ring_len: Cell<usize>,
-    /// Dead nodes taken from the shared queue, oldest first, used when the ring's oldest node
-    /// may not be rewritten yet (a snapshot's lease): `stash[stash_head..stash_len]`.
-    pub(crate) stash: UnsafeCell<[u32; BATCH]>,
-    pub(crate) stash_head: Cell<usize>,
-    pub(crate) stash_len: Cell<usize>,
-    /// Stack cache: (hash, id) by hash % CACHE.
-    pub cache: UnsafeCell<[(u64, u32); CACHE]>,
-    /// Where a capture writes the stack's return addresses (kept here rather than on the
-    /// stack, where the 512 bytes would be zeroed at every allocation).
-    pub(crate) frames: UnsafeCell<[u64; vmo_layout::v1::MAX_FRAMES]>,
-    /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
-    pub(crate) sample_left: Cell<i64>,
-    /// xorshift state for the sampling intervals (0: not seeded yet).
-    pub(crate) rng: Cell<u64>,
-    /// Timestamp of this thread's last operation (ns): the "now" for the lease-expiry check
-    /// made before an operation's window.
-    pub(crate) last_now: Cell<u64>,
-    /// CFI rule cache of this thread (null until its first CFI unwind).
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) dwarf_cache: Cell<*mut crate::dwarf::Cache>,
-    /// The thread's exit handler has run: no new CFI cache (it would never be freed).
-    pub(crate) exited: Cell<bool>,
-    /// Records this thread kept for named snapshots and not yet added to the header's count.
-    pub(crate) named_held: Cell<u32>,
-}
-pub(crate) const EXITED: u32 = u32::MAX;
-
-impl std::fmt::Debug for Tls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls")
-            .field("slot", &self.slot.get())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Tls {
-    const fn new() -> Self {
-        Tls {
-            guard: Cell::new(GUARD_FREE),
-            deferred: Cell::new(std::ptr::null_mut()),
-            slot: Cell::new(0),
-            tid: Cell::new(0),
-            stack_lo: Cell::new(0),
-            stack_hi: Cell::new(0),
-            ops: Cell::new(0),
-            fresh_next: Cell::new(0),
-            fresh_end: Cell::new(0),
-            ring: UnsafeCell::new([0; RING]),
-            ring_head: Cell::new(0),
-            ring_len: Cell::new(0),
-            stash: UnsafeCell::new([0; BATCH]),
-            stash_head: Cell::new(0),
-            stash_len: Cell::new(0),
-            cache: UnsafeCell::new([(0, 0); CACHE]),
-            frames: UnsafeCell::new([0; vmo_layout::v1::MAX_FRAMES]),
-            sample_left: Cell::new(i64::MIN),
-            rng: Cell::new(0),
-            last_now: Cell::new(0),
-            #[cfg(target_arch = "x86_64")]
-            dwarf_cache: Cell::new(std::ptr::null_mut()),
-            exited: Cell::new(false),
-            named_held: Cell::new(0),
-        }
-    }
-
-    /// The highest address a stack walk from `sp` may read below: the top of this thread's
-    /// stack when `sp` lies in it, else (a coroutine stack, a `sigaltstack`) the end of the
-    /// readable memory just above `sp`, probed (see [`crate::unwind::readable_above`]); 0 when
-    /// unknown (the walks then read nothing beyond the shim's own frame).
-    pub fn stack_limit(&self, sp: usize) -> usize {
-        let (lo, hi) = (self.stack_lo.get(), self.stack_hi.get());
-        if sp >= lo && sp < hi {
-            return hi;
-        }
-        crate::unwind::readable_above(sp)
-    }
-
-    /// OS thread id.
-    pub fn tid(&self) -> u32 {
-        self.tid.get()
-    }
-
-    /// Timestamp of this thread's last recorded operation (ns), 0 before the first.
-    pub fn last_now(&self) -> u64 {
-        self.last_now.get()
-    }
-
-    /// Sets [`Self::last_now`].
-    pub fn set_last_now(&self, t: u64) {
-        self.last_now.set(t);
-    }
-
-    /// This thread's CFI rule cache, created at first use; `None` when unwinding by frame
-    /// pointers (or before the unwinder exists). The cache belongs to this thread: use it only
-    /// inside the thread's reentrancy guard, one capture at a time.
-    #[cfg(target_arch = "x86_64")]
-    pub fn dwarf_cache(&self) -> Option<*mut crate::dwarf::Cache> {
-        if !DWARF.load(Ordering::Relaxed) {
-            return None;
-        }
-        if !crate::dwarf::ready() {
-            // An allocation before the preload constructor ran (another library's
-            // constructor: libstdc++'s emergency pool, …): build the object list now.
-            rebuild_unwind_tables(self);
-        }
-        let mut c = self.dwarf_cache.get();
-        if c.is_null() {
-            if self.exited.get() {
-                return None;
-            }
-            // Allocates once per thread, as the shim's own work (straight to glibc).
-            c = internal(self, crate::dwarf::new_cache);
-            if c.is_null() {
-                return None;
-            }
-            self.dwarf_cache.set(c);
-        }
-        Some(c)
-    }
-}
-
-thread_local! {
-    /// The thread's state. Reach it through [`with_tls`], which finds it without
-    /// `__tls_get_addr` on x86-64.
-    static TLS: Tls = const { Tls::new() };
-}
-
-/// Runs `f` with the calling thread's [`Tls`]. On x86-64 its address comes from one
-/// initial-exec TLS word ([`crate::tls`]), set at the thread's first call: a `fs:`-relative
-/// load instead of a call to `__tls_get_addr`. The state is const-initialised and has no
-/// destructor, so it is usable at any time, from inside `malloc` too.
-#[inline(always)]
-pub(crate) fn with_tls<R>(f: impl FnOnce(&Tls) -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut p = crate::tls::get() as *const Tls;
-        if p.is_null() {
-            p = tls_first();
-        }
-        // SAFETY: `p` is the address of this thread's `TLS`, which lives as long as the
-        // thread (no destructor); only this thread uses it, through shared references.
-        f(unsafe { &*p })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    TLS.with(f)
-}
-
-/// The thread's first access: stores its state's address in the initial-exec word.
-#[cfg(target_arch = "x86_64")]
-#[cold]
-#[inline(never)]
-fn tls_first() -> *const Tls {
-    let p = TLS.with(|t| t as *const Tls);
-    crate::tls::set(p as *const u8);
-    p
-}
-
 /// The sampling interval in bytes (0: every allocation is recorded).
 #[inline]
 pub fn sample_interval() -> u64 {
@@ -382,7 +71,8 @@ pub fn sample_interval() -> u64 {
 /// Sampling mode: whether an allocation of `size` bytes is sampled. Bytes are sampled as a
 /// Poisson process of mean `interval` (as heapprofd and jemalloc do): the distance to the next
 /// sampled byte is drawn from an exponential distribution, so a block of `size` bytes is
-/// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that.
+/// sampled with probability `1 - exp(-size / interval)`; the collector unbiases by that. The
+/// formula is [`vmo_layout::sampling`]'s, shared with the collector.
 #[inline]
 pub fn sample(size: u64, interval: u64) -> bool {
     with_tls(|t| {
@@ -390,7 +80,7 @@ pub fn sample(size: u64, interval: u64) -> bool {
         if left == i64::MIN {
             left = draw(t, interval);
         }
-        left -= size.min(i64::MAX as u64 / 2) as i64;
+        left = vmo_layout::sampling::count_down(left, size);
         if left > 0 {
             t.sample_left.set(left);
             return false;
@@ -411,78 +101,7 @@ fn draw(t: &Tls, interval: u64) -> i64 {
     x ^= x << 17;
     t.rng.set(x);
     let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-    ((-u.ln() * interval as f64).min(i64::MAX as f64 / 4.0) as i64).max(1)
-}
-
-/// Runs `f` with the global and thread state unless recording is off, not yet possible, or the
-/// thread is already inside the shim (then the call is not recorded and `None` returned).
-#[inline]
-pub fn enter<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
-    enter_as(false, f)
-}
-
-/// As [`enter`], and also inside a wrapper's forwarded call ([`forwarding`]): for the records
-/// of blocks that are not the wrapper's own (it closes its block's record before forwarding),
-/// such as the interpreter's own tables that its allocator reallocates or frees meanwhile
-/// (pymalloc's `arenas` array, grown by `realloc` inside an object allocation). Without this
-/// the old block's record would stay live after glibc took it back.
-#[inline]
-pub fn enter_forwarded<R>(f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
-    enter_as(true, f)
-}
-
-#[inline(always)]
-fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> Option<R> {
-    let g = match global() {
-        Some(g) => g,
-        None => {
-            // Disabled (HEAPDUMP_DISABLE=1, a failed start-up) or another thread is starting
-            // up: a plain load and a jump, no locked instruction on the shared state word.
-            if STATE.load(Ordering::Relaxed) != UNINIT || WAIT_FOR_START.load(Ordering::Relaxed) {
-                return None;
-            }
-            init();
-            global()?
-        }
-    };
-    with_tls(|t| {
-        let guard = t.guard.get();
-        // The guard to go back to: a forwarded call goes on once this record is made.
-        let outer = guard;
-        if guard != GUARD_FREE && !(forwarded && guard == GUARD_FORWARD) {
-            if guard != GUARD_FORWARD {
-                NESTED.fetch_add(1, Ordering::Relaxed);
-            }
-            return None;
-        }
-        // After the guard: the shim's own allocations in a forked child, before its fork
-        // handler has moved it to a region of its own, are not the program's.
-        if !same_process() {
-            foreign_child(g);
-            return None;
-        }
-        t.guard.set(GUARD_RECORDING);
-        if t.slot.get() == 0 {
-            internal(t, || register_thread(g, t));
-        }
-        let r = f(g, t);
-        // Record what signal handlers did meanwhile, until none did since the last look.
-        loop {
-            let d = t.deferred.get();
-            if !d.is_null() {
-                // SAFETY: this thread's queue; handlers only append (see `Deferred`).
-                unsafe { (*d).drain(g, t) };
-            }
-            t.guard.set(outer);
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-            // SAFETY: as above.
-            if d.is_null() || unsafe { (*d).is_empty() } {
-                break;
-            }
-            t.guard.set(GUARD_RECORDING);
-        }
-        Some(r)
-    })
+    vmo_layout::sampling::next_distance(u, interval)
 }
 
 /// [`Tls::stack_limit`] of the calling thread.
@@ -566,14 +185,6 @@ fn init_locked() -> bool {
     true
 }
 
-/// Rebuilds the CFI unwinder's object list from inside the recording path (the shim's own
-/// work: it allocates, with signals blocked). `dl_iterate_phdr` takes the loader's list lock,
-/// which is recursive and never held across a call to `malloc`.
-#[cfg(target_arch = "x86_64")]
-pub fn rebuild_unwind_tables(t: &Tls) {
-    internal(t, crate::dwarf::rebuild);
-}
-
 /// Refreshes the module table (call where the loader lock is not held: a constructor, after
 /// `dlopen`/`dlclose`).
 pub fn refresh_modules() {
@@ -588,11 +199,6 @@ pub fn refresh_modules() {
             })
         });
     }
-}
-
-pub(crate) fn gettid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 fn thread_name() -> [u8; 16] {
@@ -675,27 +281,6 @@ pub fn exit_cleanup() {
     }
 }
 
-/// The thread's slot index and slot; takes the orphan lock when the thread has no slot of its
-/// own (release it with [`release_slot`]).
-#[inline]
-pub fn acquire_slot<'g>(g: &'g Global, t: &Tls) -> (u32, &'g ThreadSlotV1) {
-    let s = t.slot.get();
-    if s == EXITED || s == 0 {
-        ORPHAN.lock();
-        (ORPHAN_SLOT, g.writer.thread(ORPHAN_SLOT))
-    } else {
-        (s - 1, g.writer.thread(s - 1))
-    }
-}
-
-/// Releases what [`acquire_slot`] took.
-#[inline]
-pub fn release_slot(slot: u32) {
-    if slot == ORPHAN_SLOT {
-        ORPHAN.unlock();
-    }
-}
-
 /// Counts an operation; every 1024th refreshes the peak and the thread name.
 #[inline]
 pub fn tick(g: &Global, t: &Tls, slot: u32) {
@@ -708,4 +293,37 @@ pub fn tick(g: &Global, t: &Tls, slot: u32) {
             g.writer.set_thread_name(slot, &thread_name());
         }
     }
+}
+
+/// From a signal handler that interrupted this thread's recording: queues an allocation
+/// (`frames` its stack) or a free (`size == None`) to be recorded when the interrupted
+/// operation ends. For a free, returns true when the caller must not free the block: the
+/// drain will, after closing its record (only with [`set_real_free`]).
+pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> bool {
+    with_tls(|t| {
+        let mut d = t.deferred.get();
+        if d.is_null() {
+            d = map_anon(std::mem::size_of::<Deferred>()) as *mut Deferred;
+            if d.is_null() {
+                return false;
+            }
+            t.deferred.set(d);
+        }
+        let hold = may_hold && size.is_none() && REAL_FREE.load(Ordering::Relaxed) != 0;
+        let mut op = Op {
+            ptr,
+            size: match size {
+                Some(s) => s.min(FREE_HELD - 1),
+                None if hold => FREE_HELD,
+                None => FREE_OP,
+            },
+            depth: frames.len().min(DEFERRED_FRAMES) as u64,
+            frames: [0; DEFERRED_FRAMES],
+        };
+        let n = op.depth as usize;
+        op.frames[..n].copy_from_slice(&frames[..n]);
+        // SAFETY: a zero-filled mapping is a valid, empty queue; only this thread uses it.
+        let ok = unsafe { (*d).push(&op) };
+        ok && hold
+    })
 }

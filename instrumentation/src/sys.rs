@@ -1,6 +1,7 @@
 //! Small system helpers usable inside `malloc`: anonymous mappings, a spin lock, raw file reads.
 //! Nothing here calls the allocator.
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Maps `len` bytes of private, zeroed, lazily committed memory; null on failure.
@@ -33,37 +34,75 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
     unsafe { libc::munmap(p as *mut libc::c_void, len) };
 }
 
-/// A test-and-test-and-set spin lock that yields the CPU after a short spin.
+/// A test-and-test-and-set spin lock around a `T`, yielding the CPU after a short spin.
+///
+/// [`SpinLock::lock`] returns a [`SpinGuard`] that gives access to the `T` and releases the
+/// lock when dropped, so no path can forget the release. The lock word is an `AtomicU32`
+/// (0 free, 1 held) at offset 0 (`#[repr(C)]`); `SpinLock<()>` is just that word.
 ///
 /// Used only for short, rare critical sections (a shard of the address index, the orphan thread
-/// slot, the module table); never held across a call into the allocator.
-#[derive(Debug, Default)]
-pub struct SpinLock(AtomicU32);
+/// slot, the module table, the shared free-node queue); never held across a call into the
+/// allocator. Nothing here allocates.
+#[repr(C)]
+#[derive(Default)]
+pub struct SpinLock<T = ()> {
+    word: AtomicU32,
+    value: UnsafeCell<T>,
+}
 
-impl SpinLock {
-    /// An unlocked lock.
-    pub const fn new() -> Self {
-        SpinLock(AtomicU32::new(0))
+// SAFETY: the value is only reached through a guard, and a guard exists for one holder of the
+// lock at a time, so sharing the lock between threads shares the `T` one thread at a time.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: moving the lock moves the `T`.
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+impl<T> std::fmt::Debug for SpinLock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinLock")
+            .field("held", &(self.word.load(Ordering::Relaxed) != 0))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Access to a [`SpinLock`]'s value while the lock is held; releases it when dropped.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct SpinGuard<'a, T = ()> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> std::fmt::Debug for SpinGuard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinGuard").finish_non_exhaustive()
+    }
+}
+
+impl<T> SpinLock<T> {
+    /// An unlocked lock around `value`.
+    pub const fn new(value: T) -> Self {
+        SpinLock {
+            word: AtomicU32::new(0),
+            value: UnsafeCell::new(value),
+        }
     }
 
-    /// Takes the lock.
+    /// Takes the lock (spinning, then yielding, while another thread holds it).
     #[inline]
-    pub fn lock(&self) {
+    pub fn lock(&self) -> SpinGuard<'_, T> {
         if self
-            .0
+            .word
             .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+            .is_err()
         {
-            return;
+            self.lock_slow();
         }
-        self.lock_slow();
+        SpinGuard { lock: self }
     }
 
     #[cold]
     fn lock_slow(&self) {
         let mut spins = 0u32;
         loop {
-            while self.0.load(Ordering::Relaxed) != 0 {
+            while self.word.load(Ordering::Relaxed) != 0 {
                 spins += 1;
                 if spins < 64 {
                     std::hint::spin_loop();
@@ -73,7 +112,7 @@ impl SpinLock {
                 }
             }
             if self
-                .0
+                .word
                 .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
@@ -82,18 +121,108 @@ impl SpinLock {
         }
     }
 
-    /// Takes the lock if it is free; false (and nothing taken) when it is held.
+    /// Takes the lock if it is free; `None` (and nothing taken) when it is held.
     #[inline]
-    pub fn try_lock(&self) -> bool {
-        self.0
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        self.word
             .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+            .then_some(SpinGuard { lock: self })
     }
 
-    /// Releases the lock.
+    /// Takes the lock with no guard, to hold it across `fork` (taken in the prepare handler,
+    /// released by [`SpinLock::unlock_after_fork`] in the parent and in the child).
+    pub fn lock_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken by [`SpinLock::lock_for_fork`].
+    ///
+    /// # Safety
+    /// The caller holds the lock through [`SpinLock::lock_for_fork`] (no guard exists).
+    pub unsafe fn unlock_after_fork(&self) {
+        self.word.store(0, Ordering::Release);
+    }
+
+    /// The value, without locking.
+    ///
+    /// # Safety
+    /// No other thread may use the lock while the pointer is used (e.g. a forked child before
+    /// it starts threads), and no guard may exist meanwhile.
+    pub unsafe fn get_unlocked(&self) -> *mut T {
+        self.value.get()
+    }
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
     #[inline]
-    pub fn unlock(&self) {
-        self.0.store(0, Ordering::Release);
+    fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while its holder has the lock, so nobody else
+        // reaches the value.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference through the guard.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.lock.word.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::SpinLock;
+
+    #[test]
+    fn guard_releases_on_drop() {
+        let l = SpinLock::new(5u32);
+        {
+            let mut g = l.lock();
+            *g += 1;
+            assert!(l.try_lock().is_none(), "held while the guard lives");
+        }
+        let g = l.try_lock().expect("free after the guard is dropped");
+        assert_eq!(*g, 6);
+    }
+
+    #[test]
+    fn fork_lock_is_held_until_released() {
+        let l = SpinLock::new(());
+        l.lock_for_fork();
+        assert!(l.try_lock().is_none());
+        // SAFETY: taken by lock_for_fork just above.
+        unsafe { l.unlock_after_fork() };
+        assert!(l.try_lock().is_some());
+    }
+
+    #[test]
+    fn counts_exactly_across_threads() {
+        let l = SpinLock::new(0u64);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        *l.lock() += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*l.lock(), 40_000);
+    }
+
+    #[test]
+    fn unit_lock_is_one_word() {
+        assert_eq!(std::mem::size_of::<SpinLock<()>>(), 4);
     }
 }
 

@@ -9,6 +9,8 @@
 //!   overlapping): every consumer of a snapshot's blocks goes through [`check::validate`];
 //! - [`name`]: the region file's name (`PID-STARTTICKS-CREATEDNS.heapdump`), written by the
 //!   shim, parsed by both;
+//! - [`sampling`]: the sampling formula (probability a block is recorded, its unbiasing
+//!   weight, the countdown's distances), used by the shim and the collector;
 //! - [`clock`]: the region's clock (`CLOCK_MONOTONIC_COARSE`, ns) both sides order their operations by.
 //!
 //! The region format, the insert/erase/snapshot protocol and the argument for its consistency
@@ -19,6 +21,7 @@ pub mod check;
 pub mod clock;
 pub mod name;
 pub mod reader;
+pub mod sampling;
 pub mod v1;
 pub mod writer;
 

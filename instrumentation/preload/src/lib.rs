@@ -9,6 +9,8 @@
 //! `heapdump attach` instead, recording starts in the attach entry ([`attach`]).
 
 #![deny(unsafe_op_in_unsafe_fn)]
+// No `unwrap` in the shim: it runs inside other programs' `malloc` (issue 22 A4). Tests may.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use heapdump_instrumentation::frame_pointer;
 use heapdump_instrumentation::hooks::{

@@ -1,0 +1,372 @@
+//! The state every part of the shim shares: the process-wide [`Global`] and the per-thread
+//! [`Tls`], their constants (start-up states, reentrancy guard values) and statics (the
+//! address index, the orphan slot), the guard helpers and thread-slot access. Imports none of
+//! the modules that use it (`state`, `hooks`, `nodes`, `fork`, `deferred`, `python`), so the
+//! shim's modules form no import cycle.
+
+use crate::deferred::Deferred;
+use crate::freelist::FreeNodes;
+use crate::index::AddressIndex;
+use crate::region::Settings;
+use crate::stacks::{StackIndex, CACHE};
+use crate::sys::{SpinGuard, SpinLock};
+use std::cell::{Cell, UnsafeCell};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use vmo_layout::v1::ThreadSlotV1;
+use vmo_layout::RegionWriter;
+
+pub(crate) const UNINIT: u8 = 0;
+pub(crate) const INITIALIZING: u8 = 1;
+pub(crate) const READY: u8 = 2;
+pub(crate) const DISABLED: u8 = 3;
+
+pub(crate) static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Mean sampling interval in bytes; 0 when every allocation is recorded.
+pub(crate) static SAMPLE_INTERVAL: AtomicU64 = AtomicU64::new(0);
+/// Whether stacks are unwound by CFI (else by frame pointers).
+pub(crate) static DWARF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The fork lease this process stored in its region before `fork` (0: none of ours).
+pub(crate) static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
+/// The address index (private to this process).
+pub(crate) static INDEX: AddressIndex = AddressIndex::new();
+/// In sampling mode, which addresses may be in [`INDEX`] (see [`crate::index::Presence`]).
+pub(crate) static PRESENCE: crate::index::Presence = crate::index::Presence::new();
+/// Serializes users of the shared thread slot 0 (threads with no slot of their own).
+pub(crate) static ORPHAN: SpinLock = SpinLock::new(());
+/// Thread slot shared by threads that have no slot of their own (exited, or table full).
+pub const ORPHAN_SLOT: u32 = 0;
+/// Whether the calling thread is inside the shim right now: an allocation made now is the
+/// shim's own (its unwinder tables, libc calls at start-up), not the program's, and is not
+/// recorded. A counting inner allocator can use this to keep its tally comparable.
+pub fn inside_shim() -> bool {
+    with_tls(|t| t.guard.get() != GUARD_FREE)
+}
+
+/// [`Tls::guard`]: the thread is not inside the shim.
+pub(crate) const GUARD_FREE: u8 = 0;
+/// [`Tls::guard`]: the thread is recording an operation. The recording path calls nothing
+/// that allocates, so an allocator call arriving now comes from a signal handler that
+/// interrupted it: it is queued ([`Deferred`]) and recorded when the operation ends.
+pub(crate) const GUARD_RECORDING: u8 = 1;
+/// [`Tls::guard`]: the shim's own work that may call libc's allocator (start-up, thread
+/// registration, unwinder tables, module refresh, thread exit, fork). Signals are blocked
+/// meanwhile, so every allocator call arriving now is the shim's own: passed through
+/// unrecorded.
+pub(crate) const GUARD_INTERNAL: u8 = 2;
+/// [`Tls::guard`]: a wrapper of the Python allocator domains is forwarding a call to the
+/// interpreter's own allocator ([`forwarding`]), which records the block itself afterwards:
+/// the `malloc` a large request ends in is passed through unrecorded.
+pub(crate) const GUARD_FORWARD: u8 = 3;
+
+/// Runs `f` (a call into the allocator a recording wrapper wraps) with the calling thread's
+/// allocations passed through unrecorded, unless it is already inside the shim. No system
+/// call: a signal handler's allocation meanwhile is passed through unrecorded too.
+#[inline(always)]
+pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
+    with_tls(|t| {
+        let outer = t.guard.get();
+        if outer == GUARD_FREE {
+            t.guard.set(GUARD_FORWARD);
+        }
+        let r = f();
+        t.guard.set(outer);
+        r
+    })
+}
+
+/// Runs `f` as the shim's own work (see [`internal`]) on the calling thread.
+pub(crate) fn internal_work<R>(f: impl FnOnce() -> R) -> R {
+    with_tls(|t| internal(t, f))
+}
+
+/// Runs `f` as the shim's own work ([`GUARD_INTERNAL`]): allocations go straight to glibc
+/// unrecorded, and signals are blocked so that no handler's allocation is mistaken for one.
+/// errno is kept: this work's failing system calls (`mkdir` of an existing directory, …) must
+/// not show through `malloc` or `free`.
+pub(crate) fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
+    // SAFETY: __errno_location returns this thread's errno.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    // SAFETY: a sigset filled by sigfillset; pthread_sigmask only changes this thread's mask,
+    // restored below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let outer = t.guard.replace(GUARD_INTERNAL);
+    let r = f();
+    t.guard.set(outer);
+    // SAFETY: restores the mask saved above, then errno.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        *libc::__errno_location() = saved_errno;
+    }
+    r
+}
+
+/// Everything set up once per process.
+#[derive(Debug)]
+pub struct Global {
+    /// Writer over this process's region.
+    pub writer: RegionWriter,
+    /// Private stack index.
+    pub stacks: StackIndex,
+    /// Recycled nodes shared between threads.
+    pub free: FreeNodes,
+    /// Region file path, NUL-terminated.
+    pub path: [u8; 640],
+    /// Executable path.
+    pub exe: [u8; 1024],
+    /// Length of `exe`.
+    pub exe_len: usize,
+    /// Settings from the environment.
+    pub settings: Settings,
+    /// Pid that created the region.
+    pub pid: u32,
+    /// pthread key whose destructor releases a thread's slot.
+    pub key: libc::pthread_key_t,
+}
+
+pub(crate) struct GlobalCell(pub(crate) UnsafeCell<MaybeUninit<Global>>);
+// SAFETY: written once by the initializing thread before STATE becomes READY (Release);
+// read only after observing READY (Acquire).
+unsafe impl Sync for GlobalCell {}
+pub(crate) static GLOBAL: GlobalCell = GlobalCell(UnsafeCell::new(MaybeUninit::uninit()));
+/// The global state, if recording.
+#[inline]
+pub fn global() -> Option<&'static Global> {
+    if STATE.load(Ordering::Acquire) == READY {
+        // SAFETY: READY is stored (Release) only after GLOBAL was fully written.
+        Some(unsafe { (*GLOBAL.0.get()).assume_init_ref() })
+    } else {
+        None
+    }
+}
+
+pub(crate) use crate::freelist::BATCH;
+/// Capacity of a thread's ring of dead nodes.
+pub(crate) const RING: usize = 2 * BATCH;
+
+/// Per-thread state. Const-initialised, no destructor: usable from inside `malloc` at any time.
+pub struct Tls {
+    /// `GUARD_*`: whether the thread is inside the shim, and doing what.
+    pub(crate) guard: Cell<u8>,
+    /// Allocator calls made by signal handlers that interrupted this thread while it was
+    /// recording: null until the first.
+    pub(crate) deferred: Cell<*mut Deferred>,
+    /// Slot index + 1; 0 = not registered; `EXITED` = uses the orphan slot.
+    pub(crate) slot: Cell<u32>,
+    pub(crate) tid: Cell<u32>,
+    /// This thread's stack: `[stack_lo, stack_hi)` (0, 0 if unknown).
+    pub(crate) stack_lo: Cell<usize>,
+    pub(crate) stack_hi: Cell<usize>,
+    pub(crate) ops: Cell<u32>,
+    pub(crate) fresh_next: Cell<u32>,
+    pub(crate) fresh_end: Cell<u32>,
+    pub(crate) ring: UnsafeCell<[u32; RING]>,
+    pub(crate) ring_head: Cell<usize>,
+    pub(crate) ring_len: Cell<usize>,
+    /// Dead nodes taken from the shared queue, oldest first, used when the ring's oldest node
+    /// may not be rewritten yet (a snapshot's lease): `stash[stash_head..stash_len]`.
+    pub(crate) stash: UnsafeCell<[u32; BATCH]>,
+    pub(crate) stash_head: Cell<usize>,
+    pub(crate) stash_len: Cell<usize>,
+    /// Stack cache: (hash, id) by hash % CACHE.
+    pub cache: UnsafeCell<[(u64, u32); CACHE]>,
+    /// Where a capture writes the stack's return addresses (kept here rather than on the
+    /// stack, where the 512 bytes would be zeroed at every allocation).
+    pub(crate) frames: UnsafeCell<[u64; vmo_layout::v1::MAX_FRAMES]>,
+    /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
+    pub(crate) sample_left: Cell<i64>,
+    /// xorshift state for the sampling intervals (0: not seeded yet).
+    pub(crate) rng: Cell<u64>,
+    /// Timestamp of this thread's last operation (ns): the "now" for the lease-expiry check
+    /// made before an operation's window.
+    pub(crate) last_now: Cell<u64>,
+    /// CFI rule cache of this thread (null until its first CFI unwind).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) dwarf_cache: Cell<*mut crate::dwarf::Cache>,
+    /// The thread's exit handler has run: no new CFI cache (it would never be freed).
+    pub(crate) exited: Cell<bool>,
+    /// Records this thread kept for named snapshots and not yet added to the header's count.
+    pub(crate) named_held: Cell<u32>,
+}
+pub(crate) const EXITED: u32 = u32::MAX;
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("slot", &self.slot.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    const fn new() -> Self {
+        Tls {
+            guard: Cell::new(GUARD_FREE),
+            deferred: Cell::new(std::ptr::null_mut()),
+            slot: Cell::new(0),
+            tid: Cell::new(0),
+            stack_lo: Cell::new(0),
+            stack_hi: Cell::new(0),
+            ops: Cell::new(0),
+            fresh_next: Cell::new(0),
+            fresh_end: Cell::new(0),
+            ring: UnsafeCell::new([0; RING]),
+            ring_head: Cell::new(0),
+            ring_len: Cell::new(0),
+            stash: UnsafeCell::new([0; BATCH]),
+            stash_head: Cell::new(0),
+            stash_len: Cell::new(0),
+            cache: UnsafeCell::new([(0, 0); CACHE]),
+            frames: UnsafeCell::new([0; vmo_layout::v1::MAX_FRAMES]),
+            sample_left: Cell::new(i64::MIN),
+            rng: Cell::new(0),
+            last_now: Cell::new(0),
+            #[cfg(target_arch = "x86_64")]
+            dwarf_cache: Cell::new(std::ptr::null_mut()),
+            exited: Cell::new(false),
+            named_held: Cell::new(0),
+        }
+    }
+
+    /// The highest address a stack walk from `sp` may read below: the top of this thread's
+    /// stack when `sp` lies in it, else (a coroutine stack, a `sigaltstack`) the end of the
+    /// readable memory just above `sp`, probed (see [`crate::unwind::readable_above`]); 0 when
+    /// unknown (the walks then read nothing beyond the shim's own frame).
+    pub fn stack_limit(&self, sp: usize) -> usize {
+        let (lo, hi) = (self.stack_lo.get(), self.stack_hi.get());
+        if sp >= lo && sp < hi {
+            return hi;
+        }
+        crate::unwind::readable_above(sp)
+    }
+
+    /// OS thread id.
+    pub fn tid(&self) -> u32 {
+        self.tid.get()
+    }
+
+    /// Timestamp of this thread's last recorded operation (ns), 0 before the first.
+    pub fn last_now(&self) -> u64 {
+        self.last_now.get()
+    }
+
+    /// Sets [`Self::last_now`].
+    pub fn set_last_now(&self, t: u64) {
+        self.last_now.set(t);
+    }
+
+    /// This thread's CFI rule cache, created at first use; `None` when unwinding by frame
+    /// pointers (or before the unwinder exists). The cache belongs to this thread: use it only
+    /// inside the thread's reentrancy guard, one capture at a time.
+    #[cfg(target_arch = "x86_64")]
+    pub fn dwarf_cache(&self) -> Option<*mut crate::dwarf::Cache> {
+        if !DWARF.load(Ordering::Relaxed) {
+            return None;
+        }
+        if !crate::dwarf::ready() {
+            // An allocation before the preload constructor ran (another library's
+            // constructor: libstdc++'s emergency pool, …): build the object list now.
+            rebuild_unwind_tables(self);
+        }
+        let mut c = self.dwarf_cache.get();
+        if c.is_null() {
+            if self.exited.get() {
+                return None;
+            }
+            // Allocates once per thread, as the shim's own work (straight to glibc).
+            c = internal(self, crate::dwarf::new_cache);
+            if c.is_null() {
+                return None;
+            }
+            self.dwarf_cache.set(c);
+        }
+        Some(c)
+    }
+}
+
+thread_local! {
+    /// The thread's state. Reach it through [`with_tls`], which finds it without
+    /// `__tls_get_addr` on x86-64.
+    static TLS: Tls = const { Tls::new() };
+}
+
+/// Runs `f` with the calling thread's [`Tls`]. On x86-64 its address comes from one
+/// initial-exec TLS word ([`crate::tls`]), set at the thread's first call: a `fs:`-relative
+/// load instead of a call to `__tls_get_addr`. The state is const-initialised and has no
+/// destructor, so it is usable at any time, from inside `malloc` too.
+#[inline(always)]
+pub(crate) fn with_tls<R>(f: impl FnOnce(&Tls) -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut p = crate::tls::get() as *const Tls;
+        if p.is_null() {
+            p = tls_first();
+        }
+        // SAFETY: `p` is the address of this thread's `TLS`, which lives as long as the
+        // thread (no destructor); only this thread uses it, through shared references.
+        f(unsafe { &*p })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    TLS.with(f)
+}
+
+/// The thread's first access: stores its state's address in the initial-exec word.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+fn tls_first() -> *const Tls {
+    let p = TLS.with(|t| t as *const Tls);
+    crate::tls::set(p as *const u8);
+    p
+}
+
+/// Rebuilds the CFI unwinder's object list from inside the recording path (the shim's own
+/// work: it allocates, with signals blocked). `dl_iterate_phdr` takes the loader's list lock,
+/// which is recursive and never held across a call to `malloc`.
+#[cfg(target_arch = "x86_64")]
+pub fn rebuild_unwind_tables(t: &Tls) {
+    internal(t, crate::dwarf::rebuild);
+}
+
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// A thread's slot for one operation: its index, the slot, and (for the shared orphan slot)
+/// the orphan lock, released when this is dropped.
+#[derive(Debug)]
+pub struct SlotRef<'g> {
+    /// The slot's index in the region's thread table.
+    pub idx: u32,
+    /// The slot.
+    pub slot: &'g ThreadSlotV1,
+    _orphan: Option<SpinGuard<'static>>,
+}
+
+/// The thread's slot; holds the orphan lock while the returned value lives when the thread
+/// has no slot of its own.
+#[inline]
+pub fn acquire_slot<'g>(g: &'g Global, t: &Tls) -> SlotRef<'g> {
+    let s = t.slot.get();
+    if s == EXITED || s == 0 {
+        let guard = ORPHAN.lock();
+        SlotRef {
+            idx: ORPHAN_SLOT,
+            slot: g.writer.thread(ORPHAN_SLOT),
+            _orphan: Some(guard),
+        }
+    } else {
+        SlotRef {
+            idx: s - 1,
+            slot: g.writer.thread(s - 1),
+            _orphan: None,
+        }
+    }
+}
