@@ -416,8 +416,8 @@ pub fn rebuild() {
         let in_use: Vec<usize> = r
             .caches
             .iter()
-            // SAFETY: registered caches are live (unregistered before they are unmapped).
             .map(|c| {
+                // SAFETY: registered caches are live (unregistered before they are unmapped).
                 unsafe { &*(*c as *const Cache) }
                     .in_use
                     .load(Ordering::SeqCst) as usize
@@ -726,8 +726,8 @@ fn unwind(
         }
     };
     let mut m8 = Matcher {
-        // SAFETY: `last` is null or a capture no one writes during this walk.
         on: !last.is_null() && {
+            // SAFETY: `last` is not null here, and a capture no one writes during this walk.
             let l = unsafe { &*last };
             l.n > 0 && l.n < MAX_FRAMES && l.hi == hi && l.generation == objects.generation
         },
@@ -1011,9 +1011,10 @@ impl Matcher {
         // Most candidates differ right above (the same call site reached from elsewhere):
         // look at the next frame's return address first.
         let next_at = l.sp[c + 1].wrapping_sub(8);
-        // SAFETY: read only when inside this thread's mapped stack, as the walk's reads.
         if next_at < self.lo
             || next_at > self.hi.wrapping_sub(8)
+            // SAFETY: read only when inside this thread's mapped stack (checked just above),
+            // as the walk's reads are.
             || unsafe { *(next_at as *const u64) } != l.out[c + 1]
         {
             self.changed = c + 1;

@@ -25,9 +25,6 @@
 pub mod attach;
 mod deferred;
 #[cfg(target_arch = "x86_64")]
-// `dwarf.rs` is being reworked (issue 20): its one closure-wrapped unsafe block has its
-// SAFETY comment above the closure, where clippy does not look. Remove with that work.
-#[allow(clippy::undocumented_unsafe_blocks)]
 pub mod dwarf;
 pub mod exec;
 mod fork;
