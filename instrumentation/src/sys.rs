@@ -304,9 +304,9 @@ pub fn parse_size(s: &[u8]) -> Option<u64> {
 #[inline(always)]
 pub fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
+    #[allow(unused_unsafe)]
     // SAFETY: PREFETCHT0 (SSE, part of the x86-64 baseline) only hints the cache; it does not
     // access memory architecturally and cannot fault, whatever the address.
-    #[allow(unused_unsafe)]
     unsafe {
         core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
     };

@@ -248,10 +248,9 @@ unsafe fn rebind_object(
             if s.st_name as usize >= strsz {
                 continue;
             }
+            let at = (strtab + s.st_name as usize) as *const c_char;
             // SAFETY: st_name is an offset into the NUL-terminated string table.
-            let name =
-                unsafe { std::ffi::CStr::from_ptr((strtab + s.st_name as usize) as *const c_char) }
-                    .to_bytes();
+            let name = unsafe { std::ffi::CStr::from_ptr(at) }.to_bytes();
             let Some(rb) = ctx.table.iter().find(|rb| rb.name == name) else {
                 continue;
             };
