@@ -32,13 +32,15 @@ __attribute__((noinline)) void make_big(void) {
     memset(g_big[100], 0, 24);
 }
 
-// A page of the program's own right below the big block's chunk mapping (a chunk's header is
-// 16 bytes before the block, at a page boundary), or right above it: the kernel merges the
-// two. When both neighbours are taken, another big block is tried (the first one kept).
+// A page of the program's own right below the big block's chunk mapping, or right above it:
+// the kernel merges the two. When both neighbours are taken, another big block is tried (the
+// first one kept).
 __attribute__((noinline)) void **make_page(void) {
     for (int tries = 0; tries < 16; tries++) {
-        char *chunk = (char *)g_big - 16;
-        size_t len = ((256 << 10) + 16 + 4095) & ~(size_t)4095;
+        // The mapping starts at the page of the block (16 bytes of glibc's chunk header before
+        // it, and under heapdump 16 more of its block header).
+        char *chunk = (char *)((uintptr_t)g_big & ~(uintptr_t)4095);
+        size_t len = ((char *)g_big - chunk + (256 << 10) + 4095) & ~(size_t)4095;
         char *at[2] = {chunk - 4096, chunk + len};
         for (int i = 0; i < 2; i++) {
             void **page = mmap(at[i], 4096, PROT_READ | PROT_WRITE,

@@ -8,6 +8,7 @@ use crate::sys::map_anon;
 use std::sync::atomic::{AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
 use vmo_layout::v1::{LEASE_NS, STATE_READY};
+use vmo_layout::RegionWriter;
 
 /// A word in a private page that the kernel zeroes in a child at any `fork` (also a raw
 /// `clone`/`fork` system call, which runs no fork handlers): `MADV_WIPEONFORK`. Nonzero in
@@ -160,6 +161,78 @@ pub(crate) extern "C" fn fork_child() {
     });
 }
 
+/// Marks in `live` the records (below `cursor`) of blocks that have a header naming them in
+/// this child's memory, a copy of the parent's at the fork: the blocks live at the fork whose
+/// record number is kept next to them (see [`crate::header`]), as the index holds the others.
+///
+/// A free clears the header's record number before the record is stamped freed, and the tag
+/// before glibc gets the block back, so a header names a record exactly while the block is
+/// recorded. Candidates are the records allocated at or before the fork and not freed before
+/// it; the parent goes on running, so their addresses may be anything by now: the headers are
+/// read with `process_vm_readv` on this process, which fails on unmapped memory instead of
+/// faulting.
+fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u64]) {
+    const BATCH: usize = 128;
+    let mut nodes = [0u32; BATCH];
+    let mut addrs = [0u64; BATCH];
+    let mut k = 0;
+    let check = |nodes: &[u32], addrs: &[u64], live: &mut [u64]| {
+        let mut words = [[0u64; 2]; BATCH];
+        let mut from = 0;
+        while from < nodes.len() {
+            let local: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
+                iov_base: words[j].as_mut_ptr() as *mut libc::c_void,
+                iov_len: 16,
+            });
+            let remote: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
+                iov_base: addrs.get(j).map_or(0, |a| a - 16) as *mut libc::c_void,
+                iov_len: 16,
+            });
+            let n = nodes.len() - from;
+            // SAFETY: `local` points at `words`, writable, 16 bytes an entry; the remote
+            // ranges are only read by the kernel, which fails on unmapped ones.
+            let got = unsafe {
+                libc::process_vm_readv(
+                    libc::getpid(),
+                    local[from..].as_ptr(),
+                    n as libc::c_ulong,
+                    remote[from..].as_ptr(),
+                    n as libc::c_ulong,
+                    0,
+                )
+            };
+            // Whole entries read; the one after them failed (unmapped) and is skipped.
+            let whole = if got < 0 { 0 } else { got as usize / 16 };
+            for j in from..from + whole.min(n) {
+                if crate::header::decode(addrs[j], words[j]).map(|h| h.0) == Some(nodes[j]) {
+                    live[nodes[j] as usize / 64] |= 1 << (nodes[j] % 64);
+                }
+            }
+            from += whole + 1;
+        }
+    };
+    for i in 0..cursor as u32 {
+        if live[i as usize / 64] & (1 << (i % 64)) != 0 {
+            continue;
+        }
+        let n = parent.node(i);
+        let ta = n.t_alloc.load(Ordering::Acquire);
+        let tf = n.t_free.load(Ordering::Relaxed);
+        let a = n.address.load(Ordering::Relaxed);
+        if ta == 0 || ta > fork_time || tf < fork_time || a < 4096 || a & 15 != 0 {
+            continue;
+        }
+        nodes[k] = i;
+        addrs[k] = a;
+        k += 1;
+        if k == BATCH {
+            check(&nodes, &addrs, live);
+            k = 0;
+        }
+    }
+    check(&nodes[..k], &addrs[..k], live);
+}
+
 pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     let parent = g.writer;
     let mut settings = g.settings;
@@ -185,26 +258,46 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
     // locked across it): copy the records it points to.
     // A bitmap of the allocations table for the copy (1 bit per record, 128 KiB per million).
     let cursor = parent.header().node_cursor.load(Ordering::Relaxed);
-    let words = (cursor.min(parent.node_capacity()) as usize).div_ceil(64);
+    // Two bitmaps: the records live at the fork (index and block headers), and inherit's own.
+    let cursor = cursor.min(parent.node_capacity());
+    let words = (cursor as usize).div_ceil(64);
     let map = if words > 0 {
-        map_anon(words * 8)
+        map_anon(words * 16)
     } else {
         std::ptr::null_mut()
     };
-    let scratch: &mut [u64] = if map.is_null() {
-        &mut []
+    let (live, scratch): (&mut [u64], &mut [u64]) = if map.is_null() {
+        (&mut [], &mut [])
     } else {
-        // SAFETY: a fresh private mapping of `words` u64, zero-filled, used only here.
-        unsafe { std::slice::from_raw_parts_mut(map as *mut u64, words) }
+        // SAFETY: a fresh private mapping of `2 * words` u64, zero-filled, used only here.
+        unsafe { std::slice::from_raw_parts_mut(map as *mut u64, 2 * words) }.split_at_mut(words)
     };
     let fork_time = FORK_TIME.load(Ordering::Relaxed);
-    // SAFETY: this child is single-threaded (fork handlers run before anything else); the
-    // region is fresh and laid out with the parent's capacities; the parent's fork lease (set
-    // before the fork) keeps the records the index points to from being recycled meanwhile.
-    let inherited = unsafe { w.inherit(&parent, INDEX.entries(), fork_time, scratch) };
+    let inherited = if live.is_empty() && cursor > 0 {
+        None
+    } else {
+        // SAFETY: this child is single-threaded (fork handlers run before anything else), so
+        // the index is not modified while read.
+        for (_, i) in unsafe { INDEX.entries() } {
+            if (i as u64) < cursor {
+                live[i as usize / 64] |= 1 << (i % 64);
+            }
+        }
+        if crate::header::on() {
+            mark_headed(&parent, cursor, fork_time, live);
+        }
+        let live = &*live;
+        let entries = (0..cursor as u32)
+            .filter(|&i| live[i as usize / 64] & (1 << (i % 64)) != 0)
+            .map(|i| (parent.node(i).address.load(Ordering::Relaxed), i));
+        // SAFETY: as above; the region is fresh and laid out with the parent's capacities;
+        // the parent's fork lease (set before the fork) keeps the records live at the fork
+        // from being recycled meanwhile.
+        unsafe { w.inherit(&parent, entries, fork_time, scratch) }
+    };
     if !map.is_null() {
         // SAFETY: the mapping made above, no longer used.
-        unsafe { crate::sys::unmap(map, words * 8) };
+        unsafe { crate::sys::unmap(map, words * 16) };
     }
     release_lease();
     let Some((blocks, bytes)) = inherited else {

@@ -6,6 +6,7 @@
 //! So if a block's address is reused, the old record's `t_free` is below the new one's `t_alloc`.
 
 use crate::deferred::{Deferred, DEFERRED_FRAMES, FREE_HELD, FREE_OP, REAL_FREE};
+use crate::header;
 use crate::python::{self, Wrappers};
 use crate::shared;
 use crate::state::{self, acquire_slot, recycle_node, take_node, tick, Global, Tls};
@@ -241,7 +242,13 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
     // returns, so indexing it before its record is published is safe; doing it first keeps
     // the index lock's locked instruction from waiting on the record's stores.
     let mut node = node;
-    if let Some(n) = node {
+    // A block with a header (see `header`) keeps its record number there, not in the index.
+    // SAFETY: `addr` is a block just returned by the malloc family or CPython's allocator.
+    let headed = header::on() && unsafe { header::read(addr) }.is_some();
+    if let (Some(n), true) = (node, headed) {
+        // SAFETY: the block has a header (just read), written by the shim's allocation.
+        unsafe { header::write(addr, n, header::size32(size)) };
+    } else if let Some(n) = node {
         let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
             Ok(None) => {
                 if state::sample_interval() != 0 {
@@ -288,7 +295,19 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
 }
 
 fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
-    let (n, size32) = state::INDEX.remove(addr)?;
+    // SAFETY: `addr` is a block handed to the malloc family's free or realloc, or CPython's.
+    let (n, size32) = match header::on().then(|| unsafe { header::read(addr) }) {
+        // A header: the record it names, or none (not recorded: no index entry either).
+        Some(Some((n, size32))) => {
+            if n == header::NONE {
+                return None;
+            }
+            // SAFETY: the block has a header (just read).
+            unsafe { header::write(addr, header::NONE, size32) };
+            (n, size32)
+        }
+        _ => state::INDEX.remove(addr)?,
+    };
     if state::sample_interval() != 0 {
         state::PRESENCE.sub(addr);
     }

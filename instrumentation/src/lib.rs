@@ -31,6 +31,7 @@ mod fork;
 mod freelist;
 pub mod glibc_heap;
 pub mod global_alloc;
+pub mod header;
 pub mod hooks;
 mod index;
 mod modules;

@@ -34,6 +34,10 @@ pub struct Settings {
     /// CFI walks reuse the outer frames of the thread's previous capture when they are
     /// provably unchanged (`HEAPDUMP_STACK_REUSE`, default on; off walks every frame).
     pub stack_reuse: bool,
+    /// The preloaded shim keeps each block's record number in a 16-byte header before the
+    /// block (`HEAPDUMP_BLOCK_HEADERS`, default on; off: in the private address index, as
+    /// sampling and `heapdump attach` always do). See `header`.
+    pub block_headers: bool,
     /// Warnings about the settings (invalid or adjusted values), lines ending in `\n`, stored
     /// in the region's header where `heapdump list` and the profile's comments show them.
     pub warnings: [u8; WARNINGS_BYTES],
@@ -85,6 +89,7 @@ pub fn settings() -> Settings {
         sample_interval: 0,
         dwarf: cfg!(target_arch = "x86_64"),
         stack_reuse: true,
+        block_headers: true,
         warnings: [0; WARNINGS_BYTES],
         warnings_len: 0,
         max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
@@ -156,6 +161,10 @@ pub fn settings() -> Settings {
             }
             b"HEAPDUMP_STACK_REUSE" => match flag(v) {
                 Some(b) => s.stack_reuse = b,
+                None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
+            },
+            b"HEAPDUMP_BLOCK_HEADERS" => match flag(v) {
+                Some(b) => s.block_headers = b,
                 None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
             },
             b"HEAPDUMP_MAX_BLOCKS" => {

@@ -185,6 +185,18 @@ fn init_locked() -> bool {
     true
 }
 
+/// Turns block headers on (see [`crate::header`]) if recording started, every allocation is
+/// recorded and `HEAPDUMP_BLOCK_HEADERS` allows it. Only the preloaded shim calls this, from
+/// its constructor: its `malloc`, `calloc` and `realloc` then add headers, and its `free`,
+/// `realloc` and `malloc_usable_size` recognise them for the rest of the process's life.
+pub fn enable_block_headers() {
+    if let Some(g) = global() {
+        if g.settings.block_headers && g.settings.sample_interval == 0 {
+            crate::header::enable();
+        }
+    }
+}
+
 /// Refreshes the module table (call where the loader lock is not held: a constructor, after
 /// `dlopen`/`dlclose`).
 pub fn refresh_modules() {

@@ -13,6 +13,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use heapdump_instrumentation::frame_pointer;
+use heapdump_instrumentation::header;
 use heapdump_instrumentation::hooks::{
     record_alloc, record_free, record_free_deferrable, record_realloc,
 };
@@ -41,10 +42,76 @@ extern "C" {
 #[inline(never)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
+    if header::on() {
+        let Some(total) = size.checked_add(header::SIZE) else {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        };
+        // SAFETY: forwarding to glibc, with room for the header.
+        let q = unsafe { __libc_malloc(total) };
+        // SAFETY: `q` is null or a block of `size + 16` bytes.
+        let p = unsafe { headed(q, size) };
+        record_alloc(p as *mut u8, size, fp);
+        return p;
+    }
     // SAFETY: forwarding to glibc with the caller's arguments.
     let p = unsafe { __libc_malloc(size) };
     record_alloc(p as *mut u8, size, fp);
     p
+}
+
+/// The program's block in glibc's block `q` (null stays null), its header written as not yet
+/// recorded (see `heapdump_instrumentation::header`).
+///
+/// # Safety
+/// `q` is null or a block of at least `size + 16` bytes just returned by glibc.
+#[inline(always)]
+unsafe fn headed(q: *mut c_void, size: size_t) -> *mut c_void {
+    if q.is_null() {
+        return q;
+    }
+    // SAFETY: per the contract, q .. q + 16 is the header's room.
+    unsafe {
+        let p = (q as *mut u8).add(header::SIZE);
+        header::write(p as u64, header::NONE, header::size32(size as u64));
+        p as *mut c_void
+    }
+}
+
+/// Whether block `p` has a header (so glibc's block is `p - 16`).
+///
+/// # Safety
+/// `p` is null or a pointer the program hands to the malloc family (see `header::read`).
+#[inline(always)]
+unsafe fn has_header(p: *mut c_void) -> bool {
+    // SAFETY: per the contract.
+    header::on() && unsafe { header::read(p as u64) }.is_some()
+}
+
+/// Frees block `p` that has a header: the tag is cleared, then glibc gets `p - 16`.
+///
+/// # Safety
+/// `p` has a header ([`has_header`]) and its record was closed.
+#[inline(always)]
+unsafe fn free_headed(p: *mut c_void) {
+    // SAFETY: per the contract.
+    unsafe {
+        header::clear(p as u64);
+        __libc_free((p as *mut u8).sub(header::SIZE) as *mut c_void);
+    }
+}
+
+/// What the deferred free of a signal handler's block calls once its record is closed (see
+/// `state::set_real_free`): the block is freed as a headed one when it has a header.
+unsafe extern "C" fn free_block(p: *mut c_void) {
+    // SAFETY: `p` is a block the program freed, held back until now.
+    unsafe {
+        if has_header(p) {
+            free_headed(p);
+        } else {
+            __libc_free(p);
+        }
+    }
 }
 
 /// `free(3)`.
@@ -58,6 +125,14 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // its own work that may fail a system call (start-up, thread registration) restores errno.
     // A signal handler that interrupted this thread's recording: the shim frees the block
     // when the interrupted operation ends, after closing its record.
+    // SAFETY: the caller's pointer for free (see `has_header`).
+    if unsafe { has_header(ptr) } {
+        if !record_free_deferrable(ptr as *mut u8) {
+            // SAFETY: it has a header; its record (if any) was just closed.
+            unsafe { free_headed(ptr) };
+        }
+        return;
+    }
     if !record_free_deferrable(ptr as *mut u8) {
         // SAFETY: forwarding to glibc with the caller's argument.
         unsafe { __libc_free(ptr) };
@@ -72,6 +147,21 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[inline(never)]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
+    if header::on() {
+        let Some(total) = n
+            .checked_mul(size)
+            .and_then(|b| b.checked_add(header::SIZE))
+        else {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        };
+        // SAFETY: forwarding to glibc, with room for the header (zeroed, then written).
+        let q = unsafe { __libc_calloc(1, total) };
+        // SAFETY: `q` is null or a block of `n * size + 16` bytes.
+        let p = unsafe { headed(q, total - header::SIZE) };
+        record_alloc(p as *mut u8, total - header::SIZE, fp);
+        return p;
+    }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
     let p = unsafe { __libc_calloc(n, size) };
     record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
@@ -95,6 +185,25 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 /// As `realloc(3)`; `fp` is the exported function's frame pointer.
 #[inline(always)]
 unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+    if header::on() {
+        if ptr.is_null() {
+            let Some(total) = size.checked_add(header::SIZE) else {
+                set_errno(libc::ENOMEM);
+                return std::ptr::null_mut();
+            };
+            // SAFETY: as in malloc.
+            let p = unsafe { headed(__libc_malloc(total), size) };
+            record_alloc(p as *mut u8, size, fp);
+            return p;
+        }
+        // SAFETY: the caller's pointer for realloc.
+        if unsafe { has_header(ptr) } {
+            // SAFETY: as above.
+            return unsafe { realloc_headed(ptr, size, fp) };
+        }
+        // A block without a header (allocated before the shim started, or aligned) stays
+        // without one: glibc's realloc, recorded through the address index.
+    }
     let old = record_free(ptr as *mut u8);
     // SAFETY: forwarding to glibc with the caller's arguments.
     let q = unsafe { __libc_realloc(ptr, size) };
@@ -109,6 +218,43 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
         record_realloc(ptr as *mut u8, old_size as usize, fp);
     }
     q
+}
+
+/// `realloc` of a block with a header: glibc reallocates the whole (header included), and the
+/// header is written again for the new address. `realloc(p, 0)` frees `p` and returns null, as
+/// glibc's does.
+///
+/// # Safety
+/// As `realloc(3)`; `ptr` has a header.
+#[inline(always)]
+unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+    if size == 0 {
+        // SAFETY: as free(ptr), which is what glibc's realloc(ptr, 0) does.
+        unsafe { free(ptr) };
+        return std::ptr::null_mut();
+    }
+    let Some(total) = size.checked_add(header::SIZE) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    let old = record_free(ptr as *mut u8);
+    // SAFETY: glibc's block is ptr - 16 (it has a header); forwarding with room for it.
+    let q = unsafe { __libc_realloc((ptr as *mut u8).sub(header::SIZE) as *mut c_void, total) };
+    if q.is_null() {
+        // Failure leaves the old block, and its header, valid: record it again.
+        if let Some(old_size) = old {
+            record_realloc(ptr as *mut u8, old_size as usize, fp);
+        }
+        return q;
+    }
+    // SAFETY: `q` is a block of `size + 16` bytes.
+    let p = unsafe { headed(q, size) };
+    if old.is_some() {
+        record_realloc(p as *mut u8, size, fp);
+    } else {
+        record_alloc(p as *mut u8, size, fp);
+    }
+    p
 }
 
 /// `reallocarray(3)`.
@@ -238,7 +384,14 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
         return 0;
     }
     // SAFETY: `f` is glibc's malloc_usable_size, of this signature.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(ptr) }
+    let usable = |p| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(p) };
+    // SAFETY: the caller's pointer for malloc_usable_size.
+    if unsafe { has_header(ptr) } {
+        // SAFETY: glibc's block is ptr - 16.
+        return usable(unsafe { (ptr as *mut u8).sub(header::SIZE) } as *mut c_void)
+            .saturating_sub(header::SIZE);
+    }
+    usable(ptr)
 }
 
 /// `dlopen(3)`, then a refresh of the module table.
@@ -523,7 +676,7 @@ fn set_errno(v: c_int) {
 }
 
 extern "C" fn constructor() {
-    heapdump_instrumentation::state::set_real_free(__libc_free);
+    heapdump_instrumentation::state::set_real_free(free_block);
     if !attach::decide_preloaded() {
         // `dlopen`ed by `heapdump attach`: recording starts in its entry, not lazily at the
         // first allocator call.
@@ -531,6 +684,7 @@ extern "C" fn constructor() {
         return;
     }
     heapdump_instrumentation::init();
+    heapdump_instrumentation::state::enable_block_headers();
     heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();
     heapdump_instrumentation::python::detect();
