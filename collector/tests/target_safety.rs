@@ -121,14 +121,20 @@ fn full_tmpfs_never_kills_the_target() {
 }
 
 /// A6: the allocation functions at their edges (odd alignments, huge sizes, errno around
-/// `free` and failing calls) behave exactly as bare glibc's, in the same run.
+/// `free` and failing calls) and what a program sees of its blocks (usable sizes, alignment,
+/// realloc in place and moved, calloc zeroing, blocks from glibc's `__libc_malloc` freed
+/// through the shim) behave exactly as bare glibc's, in the same run: with block headers (the
+/// default) and without (`HEAPDUMP_BLOCK_HEADERS=0`).
 #[test]
 fn edge_cases_behave_as_bare_glibc() {
     let exe = compile_c("glibc_semantics", &["-O0", "-Wno-alloc-size-larger-than"]);
-    let run = |preload: Option<&Path>| {
+    let run = |preload: Option<&Path>, headers: &str, arg: &str| {
         let dir = region_dir("glibc-semantics");
         let mut c = Command::new(&exe);
-        c.env("HEAPDUMP_DIR", &dir).env("HEAPDUMP_KEEP", "1");
+        c.arg(arg)
+            .env("HEAPDUMP_DIR", &dir)
+            .env("HEAPDUMP_KEEP", "1")
+            .env("HEAPDUMP_BLOCK_HEADERS", headers);
         if let Some(p) = preload {
             c.env("LD_PRELOAD", p);
         }
@@ -136,14 +142,25 @@ fn edge_cases_behave_as_bare_glibc() {
         assert!(out.status.success(), "{out:?}");
         (String::from_utf8(out.stdout).unwrap(), dir)
     };
-    let (bare, _) = run(None);
-    let (shimmed, dir) = run(Some(&shim()));
-    assert!(bare.lines().count() >= 25, "{bare}");
-    assert_eq!(shimmed, bare, "under the shim (left) vs bare glibc (right)");
-    // The shim was really there and recorded the calls.
-    let list = list_json(&dir);
-    assert_eq!(list.len(), 1, "{list:?}");
-    assert!(list[0]["allocations"].as_u64().unwrap() >= 15, "{list:?}");
+    let (bare, _) = run(None, "1", "");
+    assert!(bare.lines().count() >= 56, "{bare}");
+    for headers in ["1", "0"] {
+        let (shimmed, dir) = run(Some(&shim()), headers, "");
+        assert_eq!(
+            shimmed, bare,
+            "HEAPDUMP_BLOCK_HEADERS={headers}: under the shim (left) vs bare glibc (right)"
+        );
+        // The shim was really there and recorded the calls.
+        let list = list_json(&dir);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert!(list[0]["allocations"].as_u64().unwrap() >= 50, "{list:?}");
+        // And the blocks had headers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes
+        // into its page bare, 32 with a block header.
+        let offset = run(Some(&shim()), headers, "offset").0;
+        let want = if headers == "1" { "32\n" } else { "16\n" };
+        assert_eq!(offset, want, "HEAPDUMP_BLOCK_HEADERS={headers}");
+    }
+    assert_eq!(run(None, "1", "offset").0, "16\n");
 }
 
 fn mode_of(p: &Path) -> u32 {

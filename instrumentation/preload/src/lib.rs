@@ -43,7 +43,7 @@ extern "C" {
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if header::on() {
-        let Some(total) = size.checked_add(header::SIZE) else {
+        let Some(total) = with_header(size) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
@@ -58,6 +58,14 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let p = unsafe { __libc_malloc(size) };
     record_alloc(p as *mut u8, size, fp);
     p
+}
+
+/// What to ask glibc for to hand out `size` bytes after a header: `size + 16`, but at least 32
+/// bytes, so that `malloc_usable_size` of a small block is what glibc's own would be (24 bytes
+/// for 0 to 24 requested: glibc's smallest chunk); `None` on overflow (ENOMEM).
+#[inline(always)]
+fn with_header(size: size_t) -> Option<size_t> {
+    size.max(16).checked_add(header::SIZE)
 }
 
 /// The program's block in glibc's block `q` (null stays null), its header written as not yet
@@ -148,18 +156,16 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if header::on() {
-        let Some(total) = n
-            .checked_mul(size)
-            .and_then(|b| b.checked_add(header::SIZE))
-        else {
+        let bytes = n.checked_mul(size);
+        let Some((bytes, total)) = bytes.and_then(|b| Some((b, with_header(b)?))) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
         // SAFETY: forwarding to glibc, with room for the header (zeroed, then written).
         let q = unsafe { __libc_calloc(1, total) };
         // SAFETY: `q` is null or a block of `n * size + 16` bytes.
-        let p = unsafe { headed(q, total - header::SIZE) };
-        record_alloc(p as *mut u8, total - header::SIZE, fp);
+        let p = unsafe { headed(q, bytes) };
+        record_alloc(p as *mut u8, bytes, fp);
         return p;
     }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
@@ -187,7 +193,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
     if header::on() {
         if ptr.is_null() {
-            let Some(total) = size.checked_add(header::SIZE) else {
+            let Some(total) = with_header(size) else {
                 set_errno(libc::ENOMEM);
                 return std::ptr::null_mut();
             };
@@ -233,7 +239,7 @@ unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_vo
         unsafe { free(ptr) };
         return std::ptr::null_mut();
     }
-    let Some(total) = size.checked_add(header::SIZE) else {
+    let Some(total) = with_header(size) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
