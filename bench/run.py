@@ -269,6 +269,10 @@ def make_peers(jemalloc):
                  HEAPDUMP_SAMPLE_INTERVAL=str(SAMPLE_INTERVAL))
         return argv, e
 
+    def heapdump_index(argv, env, tmp):
+        e = dict(env, LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_BLOCK_HEADERS="0")
+        return argv, e
+
     def heapdump_fp(argv, env, tmp):
         e = dict(env, LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp, HEAPDUMP_UNWIND="fp")
         return argv, e
@@ -298,9 +302,14 @@ def make_peers(jemalloc):
         "baseline": Peer("baseline (glibc)", baseline),
         "memray": Peer("memray --trace-python-allocators (Python frames only)", memray),
         "heapdump-pymalloc-off": Peer("heapdump, PYTHONMALLOC=malloc", py_malloc(heapdump)),
+        "heapdump-index-pymalloc-off": Peer(
+            "heapdump, address index (HEAPDUMP_BLOCK_HEADERS=0), PYTHONMALLOC=malloc",
+            py_malloc(heapdump_index)),
         "heaptrack-pymalloc-off": Peer("heaptrack, PYTHONMALLOC=malloc", py_malloc(heaptrack)),
         "heapdump": Peer("heapdump", heapdump),
         "heapdump-fp": Peer("heapdump, HEAPDUMP_UNWIND=fp", heapdump_fp),
+        "heapdump-index": Peer("heapdump, address index (HEAPDUMP_BLOCK_HEADERS=0)",
+                               heapdump_index),
         "heapdump-sampled": Peer("heapdump sampled 512 KiB", heapdump_sampled),
         "heaptrack": Peer("heaptrack", heaptrack),
         "jemalloc": Peer("jemalloc (no profiling)", jem(None)),
@@ -721,8 +730,9 @@ def snapshot_bench(hold_exe, sizes, args):
     """Table rows for the snapshot benchmark, one per number of blocks."""
     header = ["| blocks | snapshot s | snapshot peak RSS MiB | --with-tags s | "
               "--with-tags peak RSS MiB | region B/block | target VmHWM MiB, no shim | "
-              "target VmHWM MiB, heapdump | time to allocate s, no shim / heapdump |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "target VmHWM MiB, heapdump | time to allocate s, no shim / heapdump | "
+              "target B per live block, heapdump / address index (HEAPDUMP_BLOCK_HEADERS=0) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     notes = []
     reps = max(1, min(args.rounds, 3))
@@ -736,6 +746,20 @@ def snapshot_bench(hold_exe, sizes, args):
                 hwm_bare = proc_status_kib(p.pid, "VmHWM")
             finally:
                 hold_stop(p)
+
+            # The record number kept in the private address index instead of a block header
+            # (issue 20's design comparison): only the target's memory.
+            tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+            try:
+                env = dict(base_env(), LD_PRELOAD=SHIM, HEAPDUMP_DIR=tmp,
+                           HEAPDUMP_BLOCK_HEADERS="0")
+                p, _ = hold_start(hold_exe, n, env, args.timeout)
+                try:
+                    hwm_index = proc_status_kib(p.pid, "VmHWM")
+                finally:
+                    hold_stop(p)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
 
             tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
             try:
@@ -783,9 +807,11 @@ def snapshot_bench(hold_exe, sizes, args):
             t_t, t_m = cell(results[True])
             rows.append(f"| {label} | {s_t} | {s_m} | {t_t} | {t_m} | {region_bytes / n:.1f} | "
                         f"{hwm_bare / 1024:.0f} | {hwm_hd / 1024:.0f} | "
-                        f"{ready_bare:.2f} / {ready_hd:.2f} |")
+                        f"{ready_bare:.2f} / {ready_hd:.2f} | "
+                        f"{(hwm_hd - hwm_bare) * 1024 / n:.1f} / "
+                        f"{(hwm_index - hwm_bare) * 1024 / n:.1f} |")
         except (RuntimeError, OSError) as e:
-            rows.append(f"| {label} | failed: {e} | | | | | | | |")
+            rows.append(f"| {label} | failed: {e} | | | | | | | | |")
     return header + rows, notes
 
 
@@ -970,7 +996,7 @@ def section_python(args, peers):
         peers[k].available = peers["heaptrack"].available
         peers[k].skip_reason = peers["heaptrack"].skip_reason
     py_keys = ["baseline", "heapdump", "memray", "heapdump-pymalloc-off",
-               "heaptrack-pymalloc-off"]
+               "heapdump-index-pymalloc-off", "heaptrack-pymalloc-off"]
     configs = [("1", [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters)])]
     pairs = ab_rounds(configs, py_keys, peers, args, "Python")
     table, notes = overhead_table(pairs, configs, py_keys, peers)
@@ -1156,7 +1182,7 @@ PHASES_RE = re.compile(r"alloc=([0-9.]+) free=([0-9.]+)")
 
 def section_phases(args, exes, peers):
     """Allocation-only then free-only phases on 8 threads (bench/phases.c)."""
-    keys = ["baseline", "heapdump", "heapdump-sampled"]
+    keys = ["baseline", "heapdump", "heapdump-index", "heapdump-sampled"]
     configs = [("8", [exes["phases"], "8", str(args.phase_blocks)])]
     pairs = ab_rounds(configs, keys, peers, args, "phases")
 
@@ -1704,8 +1730,8 @@ def main():
         report += ["Setup:", ""] + [f"- {n}" for n in setup_notes] + [""]
 
     # Each section is guarded: an unexpected error in one is reported and the others still run.
-    c_keys = ["baseline", "heapdump", "heapdump-fp", "heapdump-sampled", "heaptrack", "jemalloc",
-              "jemalloc-prof", "jemalloc-prof-512k"]
+    c_keys = ["baseline", "heapdump", "heapdump-index", "heapdump-fp", "heapdump-sampled",
+              "heaptrack", "jemalloc", "jemalloc-prof", "jemalloc-prof-512k"]
     sections = [
         ("c", lambda: section_c(args, exes, peers, threads, c_keys)),
         ("storm", lambda: section_storm(args, exes, peers, threads, c_keys)),

@@ -225,7 +225,10 @@ fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
 fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Global, &Tls) -> u32) {
     // The index line and the record this insert will write are likely not in the cache:
     // start loading both now, so the stack walk overlaps the memory latency.
-    state::INDEX.prefetch(addr);
+    // (Blocks with headers, the common case under LD_PRELOAD, have no index entry.)
+    if !header::on() {
+        state::INDEX.prefetch(addr);
+    }
     // Choosing the node (which may take the shared free-list lock) stays outside the operation
     // window a snapshot may wait on: recycling is safe whenever the lease allows it, and the
     // record's timestamp is still read inside the window.

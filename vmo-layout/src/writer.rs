@@ -427,11 +427,18 @@ impl RegionWriter {
     /// SIGKILL cannot clear its lease), and clear the lease of a dead one.
     #[inline]
     pub fn node_reusable(&self, index: u32, now: u64) -> bool {
-        let t_free = self.node(index).t_free.load(Ordering::Relaxed);
         let h = self.header();
-        let ok = |lease: u64| lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS;
         let lease = h.lease.load(Ordering::SeqCst);
-        if !ok(h.fork_lease.load(Ordering::SeqCst)) {
+        let fork_lease = h.fork_lease.load(Ordering::SeqCst);
+        // No lease (the common case): reusable without reading the record, whose cache line
+        // the rewrite fetches later, after its prefetch (issue 20: the read here was a cache
+        // miss on every allocation).
+        if lease == 0 && fork_lease == 0 {
+            return true;
+        }
+        let t_free = self.node(index).t_free.load(Ordering::Relaxed);
+        let ok = |lease: u64| lease == 0 || t_free < lease || now.saturating_sub(lease) > LEASE_NS;
+        if !ok(fork_lease) {
             return false;
         }
         // The holder check first: a dead collector's lease must be cleared even when its

@@ -390,7 +390,9 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
         return 0;
     }
     // SAFETY: `f` is glibc's malloc_usable_size, of this signature.
-    let usable = |p| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(p) };
+    let usable = |p| unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(p)
+    };
     // SAFETY: the caller's pointer for malloc_usable_size.
     if unsafe { has_header(ptr) } {
         // SAFETY: glibc's block is ptr - 16.
