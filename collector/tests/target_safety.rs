@@ -708,3 +708,57 @@ fn children_that_exec_a_static_binary_leave_no_region() {
     drop(r.stdin.take());
     assert_eq!(r.child.wait().unwrap().code(), Some(0));
 }
+
+/// Issue 20: blocks that cross between the program and the C/C++ runtime with block headers
+/// on — libc reallocating and freeing the program's buffers (`getline`, `open_memstream`),
+/// libc's own allocations freed by the program (`strdup`, `asprintf`, `realpath`, `scandir`),
+/// C++ aligned `new`, a `thread_local` destructor allocating at thread exit, blocks freed by
+/// another thread (the kinds of program heaptrack's and bytehound's own tests run) — behave
+/// as bare, with glibc's heap checks on (`MALLOC_CHECK_=3` aborts on a block freed at the
+/// wrong address); the blocks the program keeps are recorded exactly.
+#[test]
+fn runtime_owned_blocks_behave_as_bare() {
+    let src = root().join("examples/c/libc_owned.cc");
+    let exe = target_dir().join("test-bins/libc_owned");
+    let st = Command::new("g++")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+        ])
+        .args(["-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let run = |preload: bool, headers: &str| {
+        let dir = region_dir("libc-owned");
+        let mut c = Command::new(&exe);
+        c.env("HEAPDUMP_DIR", &dir)
+            .env("MALLOC_CHECK_", "3")
+            .env("HEAPDUMP_BLOCK_HEADERS", headers);
+        if preload {
+            c.env("LD_PRELOAD", shim());
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "preload {preload}, headers {headers}: {out:?}"
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let bare = run(false, "1");
+    assert!(bare.contains("held 100 100000"), "{bare}");
+    for headers in ["1", "0"] {
+        assert_eq!(run(true, headers), bare, "HEAPDUMP_BLOCK_HEADERS={headers}");
+    }
+    let dir = region_dir("libc-owned-held");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("wait").env("MALLOC_CHECK_", "3");
+    let r = start(cmd, &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(sum_through(&p, "hold_many"), [100, 100_000, 100, 100_000]);
+    assert_eq!(r.finish(), 0);
+}
