@@ -13,6 +13,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// What the program asked for, from a layout `HeapdumpAlloc` handed to `Counting` (each
+/// block's header included).
+fn requested(l: Layout) -> u64 {
+    HeapdumpAlloc::<Counting>::requested(l) as u64
+}
+
 /// The system allocator, counting the program's live blocks and bytes (not the few the
 /// recorder allocates for itself, e.g. its unwind tables: `inside_shim`).
 struct Counting;
@@ -26,14 +32,14 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.alloc(l) };
         if !p.is_null() && !inside_shim() {
             LIVE_BLOCKS.fetch_add(1, Relaxed);
-            LIVE_BYTES.fetch_add(l.size() as u64, Relaxed);
+            LIVE_BYTES.fetch_add(requested(l), Relaxed);
         }
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         if !inside_shim() {
             LIVE_BLOCKS.fetch_sub(1, Relaxed);
-            LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+            LIVE_BYTES.fetch_sub(requested(l), Relaxed);
         }
         // SAFETY: caller's contract.
         unsafe { System.dealloc(p, l) }
@@ -42,8 +48,9 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: caller's contract.
         let q = unsafe { System.realloc(p, l, n) };
         if !q.is_null() && !inside_shim() {
-            LIVE_BYTES.fetch_add(n as u64, Relaxed);
-            LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+            // `n` is the new inner size: the header's room (the alignment) included.
+            LIVE_BYTES.fetch_add((n - l.align()) as u64, Relaxed);
+            LIVE_BYTES.fetch_sub(requested(l), Relaxed);
         }
         q
     }
