@@ -221,6 +221,26 @@ fn fork_child_has_own_region_with_inherited_blocks() {
     );
 }
 
+/// The same with block headers and `process_vm_readv` refused by a seccomp filter (as in a
+/// container without CAP_SYS_PTRACE): the child confirms the blocks it inherited through its
+/// fallback, and inherits exactly the same.
+#[test]
+fn fork_child_inherits_exactly_without_process_vm_readv() {
+    let exe = compile_c("forker", &[]);
+    let deny = compile_c("deny_vm_readv", &[]);
+    let dir = region_dir("fork-seccomp");
+    let mut cmd = Command::new(&deny);
+    cmd.arg(&exe);
+    let mut r = start(cmd, &dir, true);
+    let child: u32 = r.pid();
+    let parent: u32 = r.wait_line("ready")[0].parse().unwrap();
+    assert_ne!(child, parent);
+    let c = pprof_raw(&snapshot(&dir, child, &[]));
+    assert_eq!(c.sum_with("parent_alloc")[2..], [90, 90 * 4096]);
+    assert_eq!(c.sum_with("child_alloc")[2..], [50, 50 * 8192]);
+    assert_eq!(r.finish(), 0);
+}
+
 #[test]
 fn exec_gets_fresh_region_and_run_tracks_the_tree() {
     let exe = compile_c("known_allocs", &[]);

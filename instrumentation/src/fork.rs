@@ -170,7 +170,36 @@ pub(crate) extern "C" fn fork_child() {
 /// recorded. Candidates are the records allocated at or before the fork and not freed before
 /// it; the parent goes on running, so their addresses may be anything by now: the headers are
 /// read with `process_vm_readv` on this process, which fails on unmapped memory instead of
-/// faulting.
+/// faulting (where it is refused, through a pipe: [`check_by_pipe`]).
+/// [`mark_headed`]'s check where `process_vm_readv` is refused: each header is written into a
+/// pipe (`write` fails with EFAULT on unmapped memory instead of faulting) and read back.
+fn check_by_pipe(nodes: &[u32], addrs: &[u64], live: &mut [u64]) {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a writable array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    for (&node, &a) in nodes.iter().zip(addrs) {
+        let mut words = [0u64; 2];
+        // SAFETY: the kernel reads 16 bytes at `a - 16` or fails with EFAULT; the pipe's
+        // buffer holds them (it is emptied after each write).
+        let wrote = unsafe { libc::write(fds[1], (a - 16) as *const libc::c_void, 16) };
+        if wrote != 16 {
+            continue;
+        }
+        // SAFETY: reading the 16 bytes just written into a local buffer.
+        let got = unsafe { libc::read(fds[0], words.as_mut_ptr() as *mut libc::c_void, 16) };
+        if got == 16 && crate::header::decode(a, words).map(|h| h.0) == Some(node) {
+            live[node as usize / 64] |= 1 << (node % 64);
+        }
+    }
+    // SAFETY: closing the pipe made above.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
 fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u64]) {
     const BATCH: usize = 128;
     let mut nodes = [0u32; BATCH];
@@ -201,6 +230,16 @@ fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u
                     0,
                 )
             };
+            if got < 0 {
+                // SAFETY: reading errno, just set by the failed call.
+                let e = unsafe { *libc::__errno_location() };
+                if e != libc::EFAULT {
+                    // Refused (a seccomp filter, as containers' default one without
+                    // CAP_SYS_PTRACE): one header at a time through a pipe instead.
+                    check_by_pipe(&nodes[from..], &addrs[from..], live);
+                    return;
+                }
+            }
             // Whole entries read; the one after them failed (unmapped) and is skipped.
             let whole = if got < 0 { 0 } else { got as usize / 16 };
             for j in from..from + whole.min(n) {
