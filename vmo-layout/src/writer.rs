@@ -123,8 +123,11 @@ impl RegionWriter {
             // close to its reserved end grows it if nobody else is doing so, and goes on
             // either way; only a thread past the reserved end ever waits.
             let es = self.sections[kind as usize - 1].entry_size as u64;
-            if (have - end) * es < BACKING_AHEAD {
-                b.grow(self, kind, end, have + BACKING_AHEAD / es.max(1), false);
+            // Ahead by an eighth of what the section holds (64 KiB to 512 KiB): a small
+            // section — most of them, in most programs — keeps little storage in reserve.
+            let ahead = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_AHEAD);
+            if (have - end) * es < ahead {
+                b.grow(self, kind, end, have + ahead / es.max(1), false);
             }
             return true;
         }
@@ -959,7 +962,8 @@ pub struct Backing {
 const BACKING_MIN_CHUNK: u64 = 64 << 10;
 const BACKING_MAX_CHUNK: u64 = 1 << 20;
 /// Growing ahead starts when fewer than this many bytes of a section's reserved storage are
-/// left beyond what is in use.
+/// left beyond what is in use (fewer for a small section: an eighth of its storage, at least
+/// [`BACKING_MIN_CHUNK`]).
 const BACKING_AHEAD: u64 = 512 << 10;
 
 impl Default for Backing {
