@@ -7,8 +7,18 @@
 
 use crate::got;
 use heapdump_instrumentation::attach as core;
-use std::sync::atomic::{AtomicBool, Ordering};
-use vmo_layout::attach::{AttachArgs, ENV_BYTES, MAGIC, STATUS_FAILED, STATUS_OK};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use vmo_layout::attach::{
+    AttachArgs, ENV_BYTES, MAGIC, SHIM_ATTACHED, SHIM_DETACHED, SHIM_LOADED, SHIM_PRELOADED,
+    STATUS_FAILED, STATUS_OK,
+};
+
+/// Where this library stands, for the collector to read from outside before it changes
+/// anything (`vmo_layout::attach::STATE_SYMBOL`): `SHIM_LOADED`, `SHIM_ATTACHED`,
+/// `SHIM_DETACHED` or `SHIM_PRELOADED`.
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static heapdump_attach_state: AtomicU8 = AtomicU8::new(SHIM_LOADED);
 
 /// The settings the collector passed, kept for the life of the process (the region module
 /// reads them instead of the environment).
@@ -42,12 +52,12 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
         return;
     }
     let n = (a.env_len as usize).min(ENV_BYTES);
-    // SAFETY: written only here, before the region module may read it, by the one thread
-    // that runs now; the attach runs at most once (later calls fail in `core::start`, which
-    // is checked before the copy can matter: ENV is read only during the first start).
+    // SAFETY: written only here, by the one thread that runs now, and only before the first
+    // attach (a re-attach keeps the settings, and the region, of the first): the region
+    // module reads it only from then on.
     let env: &'static [u8] = unsafe {
         let env = &mut *std::ptr::addr_of_mut!(ENV);
-        if !core::attached() {
+        if !core::attached_before() {
             env[..n].copy_from_slice(&a.env[..n]);
         }
         &env[..n]
@@ -59,6 +69,10 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
             heapdump_instrumentation::python::detect();
             a.blocks = s.blocks;
             a.bytes = s.bytes;
+            a.reattached = s.reattached as u64;
+            a.kept = s.kept;
+            a.closed = s.closed;
+            a.own = s.own;
             a.mallinfo = s.mallinfo;
             a.slots = got::rebind_attached(&crate::rebind_table()) as u64;
             if let Some(why) = s.heap_not_walked {
@@ -68,6 +82,7 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
                 ]);
             }
             a.status = STATUS_OK;
+            heapdump_attach_state.store(SHIM_ATTACHED, Ordering::Release);
         }
         Err(e) => {
             a.set_message(&[e.message()]);
@@ -102,6 +117,7 @@ pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
         }
     }
     core::stop();
+    heapdump_attach_state.store(SHIM_DETACHED, Ordering::Release);
     a.status = STATUS_OK;
 }
 
@@ -156,5 +172,8 @@ pub(crate) fn decide_preloaded() -> bool {
     // linked at 0, as this one is. Not found: assume preloaded (the behaviour before attach).
     let preloaded = seen.preloaded.unwrap_or(true);
     PRELOADED.store(preloaded, Ordering::Release);
+    if preloaded {
+        heapdump_attach_state.store(SHIM_PRELOADED, Ordering::Release);
+    }
     preloaded
 }
