@@ -34,6 +34,12 @@ pub struct Started {
     pub closed: u64,
     /// Re-attach: blocks left out as the shim's own ([`AT_DETACH`]), and their usable bytes.
     pub own: [u64; 2],
+    /// pymalloc objects live before the attach that were recorded, and their bytes (their
+    /// size classes'); included in `blocks` and `bytes`.
+    pub pymalloc: [u64; 2],
+    /// Why CPython's pymalloc arenas were not walked, in a CPython process (`None`: walked,
+    /// or not CPython).
+    pub pymalloc_not_walked: Option<&'static str>,
     /// Why the heap was not walked (another allocator, a glibc whose layout was not
     /// recognised): only what comes after the attach is recorded. `None` when it was.
     pub heap_not_walked: Option<&'static str>,
@@ -102,10 +108,11 @@ pub fn start(env: &'static [u8], marker_pc: u64) -> Result<Started, AttachError>
     // Walked before recording starts: the shim's own start-up allocations (unwinder tables)
     // are then not taken for the program's.
     let mut found = Blocks::new();
+    let mut py = Blocks::new();
     let mut mallinfo = [0u64; 3];
-    let walked = state::internal_work(|| {
+    let (walked, py_walked) = state::internal_work(|| {
         mallinfo = mallinfo2();
-        glibc_heap::walk(&mut found)
+        walk_all(&mut found, &mut py)
     });
     crate::region::set_env_override(env);
     state::init();
@@ -115,24 +122,50 @@ pub fn start(env: &'static [u8], marker_pc: u64) -> Result<Started, AttachError>
     let mut started = Started {
         mallinfo,
         heap_not_walked: walked.err(),
+        pymalloc_not_walked: py_walked,
         ..Started::default()
     };
     let interval = state::sample_interval();
-    for &Block { addr, size } in found.as_slice() {
-        if interval != 0 && !state::sample(size, interval) {
-            continue;
-        }
-        let done = crate::hooks::enter(|g, t| {
-            crate::hooks::insert_deferred(g, t, addr, size, &[marker_pc])
-        });
-        if done.is_some() {
-            started.blocks += 1;
-            started.bytes += size;
+    for (blocks, pymalloc) in [(&found, false), (&py, true)] {
+        for &Block { addr, size } in blocks.as_slice() {
+            if interval != 0 && !state::sample(size, interval) {
+                continue;
+            }
+            let done = crate::hooks::enter(|g, t| {
+                crate::hooks::insert_deferred(g, t, addr, size, &[marker_pc])
+            });
+            if done.is_some() {
+                started.blocks += 1;
+                started.bytes += size;
+                if pymalloc {
+                    started.pymalloc[0] += 1;
+                    started.pymalloc[1] += size;
+                }
+            }
         }
     }
     found.release();
+    py.release();
     ATTACH.store(ATTACHED, Ordering::Release);
     Ok(started)
+}
+
+/// Walks glibc's heap into `found`, then pymalloc's arenas (CPython) into `py`. Returns the
+/// glibc walk's error and the pymalloc walk's (`None` when the process is not CPython).
+fn walk_all(
+    found: &mut Blocks,
+    py: &mut Blocks,
+) -> (Result<(), &'static str>, Option<&'static str>) {
+    let walked = glibc_heap::walk(found);
+    if walked.is_err() {
+        return (walked, None);
+    }
+    let py_walked = match crate::pymalloc_heap::walk(found.as_slice(), py) {
+        Ok(_) => None,
+        Err("not CPython") => None,
+        Err(why) => Some(why),
+    };
+    (walked, py_walked)
 }
 
 /// glibc's `mallinfo2`: `uordblks`, `hblkhd`, `hblks`.
@@ -179,11 +212,19 @@ fn same_block(recorded: u64, usable: u64, mmapped: bool) -> bool {
 /// the index).
 fn restart(marker_pc: u64) -> Result<Started, AttachError> {
     let mut found = Blocks::new();
+    let mut py = Blocks::new();
     let mut mallinfo = [0u64; 3];
-    let walked = state::internal_work(|| {
+    let (walked, py_walked) = state::internal_work(|| {
         mallinfo = mallinfo2();
-        glibc_heap::walk(&mut found)
+        walk_all(&mut found, &mut py)
     });
+    // pymalloc's objects are reconciled with their records as glibc's blocks are.
+    for b in py.as_slice() {
+        if !found.push(*b) {
+            return Err(AttachError::NoMemory);
+        }
+    }
+    py.release();
     found.as_mut_slice().sort_unstable();
     // Recording was started by the first attach (ATTACH is DETACHED only after a successful
     // one), so the global state is there: only the switch is turned back on.
@@ -195,6 +236,7 @@ fn restart(marker_pc: u64) -> Result<Started, AttachError> {
     let mut started = Started {
         mallinfo,
         heap_not_walked: walked.err(),
+        pymalloc_not_walked: py_walked,
         reattached: true,
         ..Started::default()
     };

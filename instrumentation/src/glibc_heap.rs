@@ -99,6 +99,11 @@ impl<T: Copy> Vecm<T> {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// Keeps the first `len` elements.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// The elements, mutable (to sort them).
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         if self.ptr.is_null() {

@@ -421,6 +421,12 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
             answer.slots
         );
     }
+    if answer.pymalloc[0] != 0 {
+        println!(
+            "CPython's pymalloc objects among them: {} ({} bytes, their size classes')",
+            answer.pymalloc[0], answer.pymalloc[1]
+        );
+    }
     println!(
         "glibc's own count then (mallinfo2): {} bytes in chunks in use in its arenas, {} bytes in {} mmapped chunks",
         answer.mallinfo[0], answer.mallinfo[1], answer.mallinfo[2]

@@ -75,11 +75,14 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
             a.own = s.own;
             a.mallinfo = s.mallinfo;
             a.slots = got::rebind_attached(&crate::rebind_table()) as u64;
+            a.pymalloc = s.pymalloc;
             if let Some(why) = s.heap_not_walked {
                 a.set_message(&[
                     b"the blocks live before the attach are not recorded: ",
                     why.as_bytes(),
                 ]);
+            } else if let Some(why) = s.pymalloc_not_walked {
+                a.set_message(&[b"CPython: ", why.as_bytes()]);
             }
             a.status = STATUS_OK;
             heapdump_attach_state.store(SHIM_ATTACHED, Ordering::Release);
