@@ -470,14 +470,31 @@ fn attach_detach_100_cycles_under_churn() {
     let pid = r.pid();
     let cycles = 100;
     let started = std::time::Instant::now();
+    let mappings = || {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    let mut after_first = 0;
     for cycle in 0..cycles {
         let what = format!("cycle {cycle}");
         let out = attach_cmd(&dir, "attach", pid, &what);
         let again = out.starts_with("attached again");
         assert_eq!(again, cycle > 0, "{what}: {out}");
         attach_cmd(&dir, "detach", pid, &what);
+        if cycle == 0 {
+            after_first = mappings();
+        }
     }
     let per_s = cycles as f64 / started.elapsed().as_secs_f64();
+    // The stub's pages are unmapped after each call: 99 more cycles leave (almost) nothing
+    // (the shim's tables may grow by a mapping or two).
+    let after = mappings();
+    assert!(
+        after <= after_first + 8,
+        "mappings: {after_first} after the first cycle, {after} after {cycles}"
+    );
     println!("attach_detach_100_cycles_under_churn: {cycles} attach/detach cycles under churn, {per_s:.1} cycles/s");
 
     // Detached: the threads stop churning and hold known blocks; the last attach finds them.

@@ -343,6 +343,26 @@ fn unsafe_thread(held: &Held, th: &ptrace::Thread, t: &Target, shim_too: bool) -
     None
 }
 
+/// Unmaps the stub's two pages once thread `tid` has left them (stopped again outside the
+/// code page, its registers back as they were), so that attaching and detaching again and
+/// again leaves nothing behind. Gives up after 100 tries (the pages then stay: 8 KiB).
+fn unmap_stub(held: &mut Held, tid: u32, gadget: u64, pages: [u64; 2]) {
+    let code = pages[1];
+    for _ in 0..100 {
+        if held.let_run_only(&[tid], Duration::from_millis(1)).is_err() {
+            return;
+        }
+        let Ok(t) = held.thread(tid) else { return };
+        if (code..code + 4096).contains(&t.regs.rip) {
+            continue;
+        }
+        for p in pages {
+            let _ = held.syscall(tid, gadget, libc::SYS_munmap as u64, [p, 4096, 0, 0, 0, 0]);
+        }
+        return;
+    }
+}
+
 /// Finds the target's pid.
 fn resolve(a: &AttachCmd) -> Result<u32> {
     if let Some(p) = a.by_pid {
@@ -643,6 +663,7 @@ fn call(
     };
     held.read(data + stub::DATA_ARGS as u64, answer_bytes);
     let took = started.elapsed();
+    unmap_stub(&mut held, tid, target.gadget, [data, code]);
     if stage != 4 {
         let msg = held
             .word(data + stub::DATA_DLERROR as u64)

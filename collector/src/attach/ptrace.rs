@@ -222,9 +222,13 @@ impl Held {
     /// Lets the threads `tids` run (the others stay stopped), then stops them again after
     /// `pause`; threads they created meanwhile are attached too.
     pub fn let_run_only(&mut self, tids: &[u32], pause: std::time::Duration) -> Result<()> {
-        // A signal kept from an earlier stop is delivered now, as it would have been.
+        // A signal kept from an earlier stop is delivered now, as it would have been; a
+        // thread running already (resumed) keeps it for the detach.
+        let mut kept = Vec::new();
         for t in self.threads.iter().filter(|t| tids.contains(&t.tid)) {
-            let _ = ptrace(libc::PTRACE_CONT, t.tid, 0, t.pending as usize);
+            if ptrace(libc::PTRACE_CONT, t.tid, 0, t.pending as usize).is_err() && t.pending != 0 {
+                kept.push((t.tid, t.pending));
+            }
         }
         std::thread::sleep(pause);
         self.threads.retain(|t| !tids.contains(&t.tid));
@@ -232,6 +236,13 @@ impl Held {
             let _ = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
         }
         self.wait_all(tids);
+        for (tid, sig) in kept {
+            if let Ok(t) = self.thread_mut(tid) {
+                if t.pending == 0 {
+                    t.pending = sig;
+                }
+            }
+        }
         // New threads.
         for _round in 0..100 {
             let new: Vec<u32> = tids_of(self.pid)
