@@ -146,13 +146,26 @@ fn arenas_of(b: Block, out: &mut crate::glibc_heap::Vecm<Arena>) -> bool {
         return false;
     }
     let mark = out.as_slice().len();
-    let mut e = [0u8; ARENA_OBJECT as usize];
+    const BATCH: u64 = 64;
+    let mut batch = [0u8; (BATCH * ARENA_OBJECT) as usize];
     let mut used = 0;
     for i in 0..n {
-        if !read(b.addr + i * ARENA_OBJECT, &mut e) {
-            return false;
+        let k = i % BATCH;
+        if k == 0 {
+            // pymalloc hands out the lowest unused entries first: an array with no arena
+            // in its first 64 entries is not taken for one (a zeroed block is not read to
+            // its end).
+            if i == BATCH && used == 0 {
+                return false;
+            }
+            let len = ((n - i).min(BATCH) * ARENA_OBJECT) as usize;
+            if !read(b.addr + i * ARENA_OBJECT, &mut batch[..len]) {
+                truncate(out, mark);
+                return false;
+            }
         }
-        match check_entry(&e, i) {
+        let e = &batch[(k * ARENA_OBJECT) as usize..((k + 1) * ARENA_OBJECT) as usize];
+        match check_entry(e, i) {
             Ok(Some(a)) => {
                 // The first pool, when there is one, must name this arena.
                 if a.pool_end > a.first_pool {
@@ -166,6 +179,7 @@ fn arenas_of(b: Block, out: &mut crate::glibc_heap::Vecm<Arena>) -> bool {
                 used += 1;
             }
             Ok(None) => {}
+            // Past `maxarenas` (a multiple of 16): whatever the block holds there.
             Err(()) if i.is_multiple_of(16) && used > 0 => break,
             Err(()) => {
                 truncate(out, mark);
@@ -290,4 +304,132 @@ pub fn walk(heap: &[Block], out: &mut Blocks) -> Result<Found, &'static str> {
     // SAFETY: mapped above, no longer used.
     unsafe { crate::sys::unmap(buf, POOL_SIZE as usize) };
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::glibc_heap::Vecm;
+
+    fn entry(address: u64, pool_address: u64, ntotal: u32) -> [u8; 48] {
+        let mut e = [0u8; 48];
+        e[0..8].copy_from_slice(&address.to_le_bytes());
+        e[8..16].copy_from_slice(&pool_address.to_le_bytes());
+        e[20..24].copy_from_slice(&ntotal.to_le_bytes());
+        e
+    }
+
+    /// A made-up arena (1 MiB, aligned) whose first pool holds 3 blocks of 32 bytes carved,
+    /// the middle one free; its arenas array (16 entries, the first used) in a Vec.
+    #[test]
+    fn walks_a_made_up_arena_exactly() {
+        let map = crate::sys::map_anon(2 << 20);
+        assert!(!map.is_null());
+        let arena = ((map as u64) + ARENA_SIZE - 1) & !(ARENA_SIZE - 1);
+        let p = arena;
+        let hdr = |off: u64, v: u64, wide: bool| {
+            // SAFETY: inside the mapping made above.
+            unsafe {
+                if wide {
+                    ((p + off) as *mut u64).write(v)
+                } else {
+                    ((p + off) as *mut u32).write(v as u32)
+                }
+            }
+        };
+        hdr(0, 2, false); // count
+        hdr(8, p + 48 + 32, true); // freeblock: block 1
+        hdr(32, 0, false); // arenaindex
+        hdr(36, 1, false); // szidx: 32 bytes
+        hdr(40, 48 + 3 * 32, false); // nextoffset
+        hdr(44, POOL_SIZE - 32, false); // maxnextoffset
+        let mut array = vec![0u8; 16 * 48];
+        array[..48].copy_from_slice(&entry(arena, arena + POOL_SIZE, 64));
+        let b = Block {
+            addr: array.as_ptr() as u64,
+            size: array.len() as u64,
+        };
+        let mut arenas = Vecm::new();
+        assert!(arenas_of(b, &mut arenas));
+        assert_eq!(arenas.as_slice().len(), 1);
+        let mut buf = vec![0u8; POOL_SIZE as usize];
+        let mut out = Blocks::new();
+        let mut found = Found::default();
+        assert!(pool(
+            p,
+            &arenas.as_slice()[0],
+            &mut buf,
+            &mut out,
+            &mut found
+        ));
+        let got: Vec<(u64, u64)> = out.as_slice().iter().map(|b| (b.addr, b.size)).collect();
+        assert_eq!(got, [(p + 48, 32), (p + 48 + 64, 32)]);
+        // A count that does not add up with the free list: the pool is refused.
+        hdr(0, 3, false);
+        assert!(!pool(
+            p,
+            &arenas.as_slice()[0],
+            &mut buf,
+            &mut out,
+            &mut found
+        ));
+        // A free list that loops: refused.
+        hdr(0, 2, false);
+        hdr(48 + 32, p + 48 + 32, true);
+        assert!(!pool(
+            p,
+            &arenas.as_slice()[0],
+            &mut buf,
+            &mut out,
+            &mut found
+        ));
+        // SAFETY: mapped above, no longer used.
+        unsafe { crate::sys::unmap(map, 2 << 20) };
+    }
+
+    /// Entries pointing at memory that is not mapped, or garbage: nothing is taken, and
+    /// nothing faults (every read goes through the kernel).
+    #[test]
+    fn wrong_guesses_record_nothing() {
+        let mut array = vec![0u8; 64 * 48];
+        // An arena at an unmapped address (its first pool cannot be read).
+        array[..48].copy_from_slice(&entry(1 << 40, (1 << 40) + POOL_SIZE, 64));
+        let b = Block {
+            addr: array.as_ptr() as u64,
+            size: array.len() as u64,
+        };
+        let mut arenas = Vecm::new();
+        assert!(!arenas_of(b, &mut arenas));
+        // Garbage.
+        for (i, x) in array.iter_mut().enumerate() {
+            *x = (i * 37 % 251) as u8;
+        }
+        assert!(!arenas_of(b, &mut arenas));
+        // All zero: no arena.
+        array.iter_mut().for_each(|x| *x = 0);
+        assert!(!arenas_of(b, &mut arenas));
+        assert!(arenas.as_slice().is_empty());
+        // A pool at an unmapped address.
+        let a = Arena {
+            index: 0,
+            first_pool: 1 << 40,
+            pool_end: (1 << 40) + POOL_SIZE,
+        };
+        let mut buf = vec![0u8; POOL_SIZE as usize];
+        let mut out = Blocks::new();
+        assert!(!pool(
+            1 << 40,
+            &a,
+            &mut buf,
+            &mut out,
+            &mut Found::default()
+        ));
+        assert!(out.as_slice().is_empty());
+        // A candidate block whose end is not mapped.
+        let b = Block {
+            addr: (1 << 40) - 48 * 16,
+            size: 48 * 64,
+        };
+        assert!(!arenas_of(b, &mut arenas));
+    }
 }

@@ -78,6 +78,8 @@ pub struct AttachArgs {
     pub own: [u64; 2],
 }
 
+const _: () = assert!(std::mem::size_of::<AttachArgs>() == 2688);
+
 impl AttachArgs {
     /// A request carrying `env` (truncated to [`ENV_BYTES`] at an entry's end).
     pub fn new(env: &[u8]) -> Self {
