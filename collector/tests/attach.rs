@@ -923,3 +923,92 @@ fn attach_sees_pymalloc_objects_made_before() {
     assert_eq!(r.wait_line("bye"), ["200000"]);
     assert_eq!(r.finish(), 0);
 }
+
+/// Threads that started while attached and exited while detached (their exit handler found
+/// recording off and kept their slots): the next attach frees their slots in the region, so
+/// that a program starting threads while detached again and again does not fill the table.
+#[test]
+fn reattach_frees_slots_of_threads_gone_while_detached() {
+    let py = Path::new("/usr/bin/python3");
+    if !py.exists() {
+        println!(
+            "skipped: reattach_frees_slots_of_threads_gone_while_detached: no /usr/bin/python3"
+        );
+        return;
+    }
+    let dir = region_dir("attach-threads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("threads.py");
+    std::fs::write(
+        &script,
+        "import os, sys, threading\n\
+         go = threading.Event()\n\
+         def work(out):\n    out.append(bytearray(100000))\n    go.wait()\n\
+         ts, outs = [], []\n\
+         print('ready', os.getpid(), flush=True)\n\
+         for line in sys.stdin:\n\
+         \x20   if line.startswith('s'):\n\
+         \x20       for i in range(3):\n\
+         \x20           o = []\n\
+         \x20           outs.append(o)\n\
+         \x20           t = threading.Thread(target=work, args=(o,))\n\
+         \x20           t.start()\n\
+         \x20           ts.append(t)\n\
+         \x20       while len([o for o in outs if o]) < 3: pass\n\
+         \x20       print('started', ' '.join(str(t.native_id) for t in ts), flush=True)\n\
+         \x20   elif line.startswith('e'):\n\
+         \x20       go.set()\n\
+         \x20       [t.join() for t in ts]\n\
+         \x20       print('ended', flush=True)\n\
+         \x20   elif line.startswith('q'):\n\
+         \x20       break\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(py);
+    cmd.arg(&script);
+    let mut r = start(cmd, &dir, false);
+    let pid = r.pid();
+    let running = |tids: &[u32]| -> Vec<u32> {
+        // The region directory the shim chose under HEAPDUMP_DIR (which existed: the
+        // script is there), or HEAPDUMP_DIR itself.
+        let sub = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.is_dir())
+            .unwrap_or(dir.clone());
+        let bytes = std::fs::read(region_file(&sub)).unwrap();
+        let region = vmo_layout::Region::from_bytes(&bytes).unwrap();
+        region
+            .threads()
+            .into_iter()
+            .filter(|t| t.running && tids.contains(&t.tid))
+            .map(|t| t.tid)
+            .collect()
+    };
+    attach_cmd(&dir, "attach", pid, "attach");
+    send(&mut r, "s\n");
+    let tids: Vec<u32> = r
+        .wait_line("started")
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(running(&tids).len(), 3, "the threads' slots while attached");
+    attach_cmd(&dir, "detach", pid, "detach");
+    send(&mut r, "e\n");
+    r.wait_line("ended");
+    assert_eq!(
+        running(&tids).len(),
+        3,
+        "slots kept by threads gone while detached"
+    );
+    attach_cmd(&dir, "attach", pid, "attach again");
+    assert_eq!(
+        running(&tids),
+        Vec::<u32>::new(),
+        "slots of gone threads after the re-attach"
+    );
+    attach_cmd(&dir, "detach", pid, "detach again");
+    send(&mut r, "q\n");
+    assert_eq!(r.finish(), 0);
+}

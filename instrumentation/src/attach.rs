@@ -233,6 +233,7 @@ fn restart(marker_pc: u64) -> Result<Started, AttachError> {
         return Err(AttachError::NoRegion);
     };
     g.writer.set_state(vmo_layout::v1::STATE_READY);
+    release_dead_threads(g);
     let mut started = Started {
         mallinfo,
         heap_not_walked: walked.err(),
@@ -308,6 +309,27 @@ fn restart(marker_pc: u64) -> Result<Started, AttachError> {
     }
     ATTACH.store(ATTACHED, Ordering::Release);
     Ok(started)
+}
+
+/// Frees the thread slots of the threads that exited while detached (their exit handler
+/// found recording off and kept its slot); slot 0 is the orphan slot, kept. A thread is gone
+/// when `tgkill(pid, tid, 0)` says there is no such thread.
+fn release_dead_threads(g: &state::Global) {
+    let n = g.writer.header().thread_count.load(Ordering::Acquire);
+    let n = n.min(g.writer.capacities().threads) as u32;
+    for i in 1..n {
+        let slot = g.writer.thread(i);
+        if slot.state.load(Ordering::Acquire) != vmo_layout::v1::SLOT_USED {
+            continue;
+        }
+        let tid = slot.tid.load(Ordering::Relaxed) as libc::c_long;
+        // SAFETY: signal 0 only checks that the thread exists; no signal is sent.
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, g.pid as libc::c_long, tid, 0) };
+        // SAFETY: __errno_location returns this thread's errno.
+        if r != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH {
+            g.writer.release_thread(i);
+        }
+    }
 }
 
 /// Stops recording after the preload crate restored the GOT slots: the region is marked as

@@ -7,7 +7,7 @@
 
 use crate::got;
 use heapdump_instrumentation::attach as core;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use vmo_layout::attach::{
     AttachArgs, ENV_BYTES, MAGIC, SHIM_ATTACHED, SHIM_DETACHED, SHIM_LOADED, SHIM_PRELOADED,
     STATUS_FAILED, STATUS_OK,
@@ -25,6 +25,58 @@ pub static heapdump_attach_state: AtomicU8 = AtomicU8::new(SHIM_LOADED);
 static mut ENV: [u8; ENV_BYTES] = [0; ENV_BYTES];
 /// Whether this library was loaded by `LD_PRELOAD` (decided by its constructor).
 pub(crate) static PRELOADED: AtomicBool = AtomicBool::new(true);
+
+/// The dynamic loader's code (start, end), set by the first attach: 0 when preloaded.
+static LOADER: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Whether the malloc-family function whose frame pointer is `fp` was called by the dynamic
+/// loader (its return address in ld.so's code), when attached. Such a call is not recorded:
+/// in a thread started after the attach, the shim's first use of its thread-local state
+/// makes the loader allocate that state (a `dlopen`ed library's TLS is allocated lazily), and
+/// where the loader's `malloc` is the executable's PLT entry (a non-PIE executable that takes
+/// `malloc`'s address), whose GOT slot the attach pointed at the shim, recording that call
+/// would use the thread-local state again: an endless recursion.
+#[inline(always)]
+pub(crate) fn from_loader(fp: usize) -> bool {
+    let start = LOADER[0].load(Ordering::Relaxed);
+    if start == 0 {
+        return false;
+    }
+    // SAFETY: `fp` is the frame pointer of the calling exported function (frame pointers are
+    // kept): the word above it is that function's return address.
+    let ra = unsafe { ((fp + 8) as *const usize).read() };
+    ra >= start && ra < LOADER[1].load(Ordering::Relaxed)
+}
+
+/// Finds the loader's executable segment into [`LOADER`].
+fn find_loader() {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        _data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for this call.
+        let info = unsafe { &*info };
+        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+        if !file.starts_with(b"ld-linux") && !file.starts_with(b"ld.so") {
+            return 0;
+        }
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers of a loaded object.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        for ph in phdrs {
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
+                let start = info.dlpi_addr as usize + ph.p_vaddr as usize;
+                LOADER[1].store(start + ph.p_memsz as usize, Ordering::Relaxed);
+                LOADER[0].store(start, Ordering::Release);
+            }
+        }
+        1
+    }
+    // SAFETY: the callback has the right signature; it uses no data.
+    unsafe { libc::dl_iterate_phdr(Some(each), std::ptr::null_mut()) };
+}
 
 /// The single frame of the blocks that were live before the attach: the collector names
 /// them by this function's name. Never called.
@@ -62,6 +114,9 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
         }
         &env[..n]
     };
+    if LOADER[0].load(Ordering::Acquire) == 0 {
+        find_loader();
+    }
     let marker = crate::own_symbol(c"heapdump_live_before_attach").unwrap_or(0) as u64 + 1;
     match core::start(env, marker) {
         Ok(s) => {
