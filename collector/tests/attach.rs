@@ -242,8 +242,13 @@ fn detach_stops_recording() {
     let pid = r.pid();
     program_blocks(&mut r);
     attach(&dir, pid);
+    // The thread that ran the entry (blocked in read(2)) finds its errno as it was.
+    send(&mut r, "e");
+    assert_eq!(r.wait_line("errno"), ["77"], "errno after the attach");
     let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
     assert!(ok, "detach failed: {so}{se}");
+    send(&mut r, "e");
+    assert_eq!(r.wait_line("errno"), ["77"], "errno after the detach");
     assert!(so.contains("GOT slots restored"), "{so}");
     send(&mut r, "m");
     let more: Vec<u64> = r.wait_line("more").iter().map(|x| hex(x)).collect();

@@ -93,8 +93,17 @@ pub extern "C" fn heapdump_live_before_attach() -> u64 {
 /// outside the allocator and the loader.
 #[no_mangle]
 pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
+    // The interrupted thread's errno is put back: the stub restores its registers, not its
+    // thread-local memory.
+    // SAFETY: __errno_location returns this thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
     // SAFETY: per the contract.
-    let a = unsafe { &mut *args };
+    unsafe { attach_start(&mut *args) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+fn attach_start(a: &mut AttachArgs) {
     if a.magic != MAGIC {
         return;
     }
@@ -156,8 +165,15 @@ pub unsafe extern "C" fn heapdump_attach_start(args: *mut AttachArgs) {
 /// As [`heapdump_attach_start`].
 #[no_mangle]
 pub unsafe extern "C" fn heapdump_attach_stop(args: *mut AttachArgs) {
+    // SAFETY: __errno_location returns this thread's errno (put back as in the start).
+    let errno = unsafe { *libc::__errno_location() };
     // SAFETY: per the contract.
-    let a = unsafe { &mut *args };
+    unsafe { attach_stop(&mut *args) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+fn attach_stop(a: &mut AttachArgs) {
     if a.magic != MAGIC {
         return;
     }
