@@ -238,14 +238,11 @@ fn by_name_follows_processes_and_sigterm_ends_cleanly() {
     // A beat may find `b` before it has made its blocks (its region exists from start-up); the
     // profiles taken from now on must be exact.
     let b_ready_ns = now_ns();
-    wait_until(
-        "a profile of the second process taken after it was ready",
-        || {
-            profiles_of(&out, b_pid)
-                .iter()
-                .any(|f| decode(f).time_nanos >= b_ready_ns)
-        },
-    );
+    wait_until("a profile of the second process taken after it was ready", || {
+        profiles_of(&out, b_pid)
+            .iter()
+            .any(|f| decode(f).time_nanos >= b_ready_ns)
+    });
     // SAFETY: kill has no memory preconditions; the pid is our own child, not yet reaped.
     assert_eq!(unsafe { libc::kill(watch.id() as i32, libc::SIGTERM) }, 0);
     let status = watch.wait().unwrap();
