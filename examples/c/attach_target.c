@@ -81,8 +81,13 @@ int main(void) {
     printf("\n");
     leak = 0;
     char c;
+    errno = 77; /* 'e' prints it: an attach or detach must leave it as it was */
     while (read(0, &c, 1) == 1) {
-        if (c == 'm') {
+        if (c == 'e') {
+            int e = errno;
+            printf("errno %d\n", e);
+            errno = 77;
+        } else if (c == 'm') {
             make_more();
             printf("more");
             for (int i = 0; i < 100; i++) printf(" %#lx", (unsigned long)more[i]);

@@ -58,7 +58,7 @@ pub type Blocks = Vecm<Block>;
 
 impl<T: Copy> Vecm<T> {
     /// Empty; maps nothing yet.
-    pub fn new() -> Self {
+    pub const fn new() -> Self {
         Vecm {
             ptr: std::ptr::null_mut(),
             len: 0,
@@ -99,7 +99,13 @@ impl<T: Copy> Vecm<T> {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    fn as_mut_slice(&mut self) -> &mut [T] {
+    /// Keeps the first `len` elements.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// The elements, mutable (to sort them).
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
         if self.ptr.is_null() {
             return &mut [];
         }
@@ -118,6 +124,9 @@ impl<T: Copy> Vecm<T> {
         self.cap = 0;
     }
 }
+
+// SAFETY: a `Vecm` owns its mapping (nothing else refers to it), as a `Vec` owns its buffer.
+unsafe impl<T: Copy + Send> Send for Vecm<T> {}
 
 impl<T: Copy> Default for Vecm<T> {
     fn default() -> Self {

@@ -10,7 +10,7 @@
 //! Public modules (what `HeapdumpAlloc`, the preload crate and the tests use): [`hooks`] (what
 //! each allocator call records), [`state`] (start-up, per-thread state, the reentrancy guard),
 //! [`unwind`] (frame-pointer walk, stack bounds), `dwarf` (the CFI unwinder, x86-64),
-//! [`global_alloc`], [`attach`] and [`glibc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
+//! [`global_alloc`], [`attach`], [`glibc_heap`] and [`pymalloc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
 //! raw-fork detection), `nodes` (record recycling), `region` (the region file and settings),
 //! `stacks` (stack interning), `index` (address → record), `modules` (the module table),
 //! `sys` (helpers usable inside malloc), `tls` (the initial-exec word that finds the thread's
@@ -36,6 +36,7 @@ pub mod hooks;
 mod index;
 mod modules;
 mod nodes;
+pub mod pymalloc_heap;
 pub mod python;
 mod region;
 mod shared;

@@ -9,6 +9,18 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"HDATTAC1");
 pub const ATTACH_ENTRY: &[u8] = b"heapdump_attach_start\0";
 /// The entry `heapdump detach` calls: `void heapdump_attach_stop(AttachArgs *)`.
 pub const DETACH_ENTRY: &[u8] = b"heapdump_attach_stop\0";
+/// The shim's exported byte saying where it stands (`static heapdump_attach_state: u8`),
+/// which the collector reads before changing anything: one of the `SHIM_*` values.
+pub const STATE_SYMBOL: &str = "heapdump_attach_state";
+/// [`STATE_SYMBOL`]: loaded by `dlopen`, never attached (or the attach failed).
+pub const SHIM_LOADED: u8 = 0;
+/// [`STATE_SYMBOL`]: attached (recording).
+pub const SHIM_ATTACHED: u8 = 1;
+/// [`STATE_SYMBOL`]: attached, then detached: it may be attached again.
+pub const SHIM_DETACHED: u8 = 2;
+/// [`STATE_SYMBOL`]: preloaded (`LD_PRELOAD`, `heapdump run`): not attachable.
+pub const SHIM_PRELOADED: u8 = 3;
+
 /// The function whose address is the single frame of the blocks live before the attach.
 pub const BEFORE_ATTACH_FRAME: &str = "heapdump_live_before_attach";
 
@@ -24,7 +36,7 @@ pub const ENV_BYTES: usize = 2048;
 /// Bytes of [`AttachArgs::message`].
 pub const MESSAGE_BYTES: usize = 512;
 
-/// The request and the answer (`#[repr(C)]`, 2,632 bytes).
+/// The request and the answer (`#[repr(C)]`, 2,688 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct AttachArgs {
@@ -50,7 +62,23 @@ pub struct AttachArgs {
     /// The settings, `NAME=VALUE` entries each ended by a NUL byte (the collector's
     /// `HEAPDUMP_*` variables), read instead of the target's environment.
     pub env: [u8; ENV_BYTES],
+    /// 1 when this attach followed a detach (the shim was loaded): then [`Self::blocks`] and
+    /// [`Self::bytes`] are the blocks made while detached, added now.
+    pub reattached: u64,
+    /// Re-attach: records from before the detach whose blocks are still live.
+    pub kept: u64,
+    /// Re-attach: records from before the detach closed (their blocks were freed meanwhile).
+    pub closed: u64,
+    /// Objects of CPython's small-object allocator (pymalloc) live before the attach that
+    /// were recorded, and their bytes (their size classes'); included in [`Self::blocks`]
+    /// and [`Self::bytes`].
+    pub pymalloc: [u64; 2],
+    /// Re-attach: glibc blocks left out as heapdump's own (allocated unrecorded by the shim
+    /// while it was attached, found again unchanged), and their usable bytes.
+    pub own: [u64; 2],
 }
+
+const _: () = assert!(std::mem::size_of::<AttachArgs>() == 2688);
 
 impl AttachArgs {
     /// A request carrying `env` (truncated to [`ENV_BYTES`] at an entry's end).
@@ -65,6 +93,11 @@ impl AttachArgs {
             env_len: 0,
             message: [0; MESSAGE_BYTES],
             env: [0; ENV_BYTES],
+            reattached: 0,
+            kept: 0,
+            closed: 0,
+            pymalloc: [0; 2],
+            own: [0; 2],
         };
         let mut n = env.len().min(ENV_BYTES);
         while n > 0 && n < env.len() && env[n - 1] != 0 {

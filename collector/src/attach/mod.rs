@@ -32,7 +32,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use ptrace::Held;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vmo_layout::attach::{AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, STATUS_OK};
+use vmo_layout::attach::{
+    AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, SHIM_ATTACHED, SHIM_DETACHED, SHIM_PRELOADED,
+    STATE_SYMBOL, STATUS_OK,
+};
 
 /// Bytes of each thread's stack searched for return addresses into the allocator or loader.
 const STACK_SCAN: usize = 64 * 1024;
@@ -195,6 +198,11 @@ struct Target {
     gadget: u64,
     /// Whether libheapdump.so is mapped.
     shim_loaded: bool,
+    /// Its exported state byte (`vmo_layout::attach::STATE_SYMBOL`), when it is mapped.
+    shim_state: Option<u8>,
+    /// Its code: at a re-attach no thread may be inside it either (the entry reads the
+    /// shim's address index, which a thread inside the recording path may hold).
+    shim_code: Forbidden,
 }
 
 fn inspect(pid: u32, held: &Held) -> Result<Target> {
@@ -219,7 +227,29 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
             forbidden.push((s.1, s.1 + s.2.max(1), format!("libc's {name}")));
         }
     }
-    let shim_loaded = maps.iter().any(|m| file_name(&m.path) == "libheapdump.so");
+    let shim_path = maps
+        .iter()
+        .find(|m| file_name(&m.path) == "libheapdump.so")
+        .map(|m| m.path.clone());
+    let shim_loaded = shim_path.is_some();
+    let mut shim_state = None;
+    let mut shim_code = Vec::new();
+    if let Some(p) = &shim_path {
+        if let Ok(o) = Object::load(pid, &maps, p) {
+            if let Some(a) = o.symbol(STATE_SYMBOL) {
+                let mut b = [0u8; 1];
+                if held.read(a, &mut b) == 1 {
+                    shim_state = Some(b[0]);
+                }
+            }
+        }
+        for m in maps
+            .iter()
+            .filter(|m| &m.path == p && m.perms.contains('x'))
+        {
+            shim_code.push((m.start, m.end, "libheapdump.so".to_owned()));
+        }
+    }
     let mut loader = Vec::new();
     for m in &maps {
         let f = file_name(&m.path);
@@ -252,6 +282,8 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
         loader: Forbidden(loader),
         gadget,
         shim_loaded,
+        shim_state,
+        shim_code: Forbidden(shim_code),
     })
 }
 
@@ -269,18 +301,35 @@ fn after_call(held: &Held, ret: u64) -> bool {
         || (b[0] == 0xff && (b[1] >> 3) & 7 == 2)
 }
 
-/// The first thread found inside the allocator or the loader, and where; `None` at a safe
-/// point.
-fn unsafe_thread(held: &Held, t: &Target) -> Option<String> {
+/// The threads found inside the allocator or the loader (or the shim, with `shim_too`), and
+/// where; empty at a safe point.
+fn unsafe_threads(held: &Held, t: &Target, shim_too: bool) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
     for th in &held.threads {
-        if let Some(what) = t.forbidden.find(th.regs.rip).or(t.loader.find(th.regs.rip)) {
+        if let Some(why) = unsafe_thread(held, th, t, shim_too) {
+            out.push((th.tid, why));
+        }
+    }
+    out
+}
+
+/// Why the thread `th` is inside the allocator or the loader (or the shim, with `shim_too`);
+/// `None` when it is not.
+fn unsafe_thread(held: &Held, th: &ptrace::Thread, t: &Target, shim_too: bool) -> Option<String> {
+    let forbidden = |a: u64| {
+        t.forbidden
+            .find(a)
+            .or_else(|| shim_too.then(|| t.shim_code.find(a)).flatten())
+    };
+    {
+        if let Some(what) = forbidden(th.regs.rip).or(t.loader.find(th.regs.rip)) {
             return Some(format!("thread {} is executing {what}", th.tid));
         }
         let mut stack = vec![0u8; STACK_SCAN];
         let n = held.read(th.regs.rsp, &mut stack);
         for (i, w) in stack[..n - n % 8].chunks_exact(8).enumerate() {
             let a = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
-            if let Some(what) = t.forbidden.find(a) {
+            if let Some(what) = forbidden(a) {
                 if after_call(held, a) {
                     return Some(format!(
                         "thread {} is inside {what} (return address {a:#x} at sp+{:#x})",
@@ -292,6 +341,26 @@ fn unsafe_thread(held: &Held, t: &Target) -> Option<String> {
         }
     }
     None
+}
+
+/// Unmaps the stub's two pages once thread `tid` has left them (stopped again outside the
+/// code page, its registers back as they were), so that attaching and detaching again and
+/// again leaves nothing behind. Gives up after 100 tries (the pages then stay: 8 KiB).
+fn unmap_stub(held: &mut Held, tid: u32, gadget: u64, pages: [u64; 2]) {
+    let code = pages[1];
+    for _ in 0..100 {
+        if held.let_run_only(&[tid], Duration::from_millis(1)).is_err() {
+            return;
+        }
+        let Ok(t) = held.thread(tid) else { return };
+        if (code..code + 4096).contains(&t.regs.rip) {
+            continue;
+        }
+        for p in pages {
+            let _ = held.syscall(tid, gadget, libc::SYS_munmap as u64, [p, 4096, 0, 0, 0, 0]);
+        }
+        return;
+    }
 }
 
 /// Finds the target's pid.
@@ -349,13 +418,35 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
     if answer.status != STATUS_OK {
         bail!("cannot attach to pid {pid}: {note}");
     }
-    println!(
+    if answer.reattached != 0 {
+        println!(
+            "attached again to pid {pid} in {:.3} s: {} records from before the detach still live, {} closed (freed while detached); {} blocks ({} bytes) made while detached recorded; {} GOT slots rebound",
+            took.as_secs_f64(),
+            answer.kept,
+            answer.closed,
+            answer.blocks,
+            answer.bytes,
+            answer.slots
+        );
+        println!(
+            "heapdump's own blocks left out: {} ({} bytes)",
+            answer.own[0], answer.own[1]
+        );
+    } else {
+        println!(
         "attached to pid {pid} in {:.3} s: {} blocks ({} bytes) live before the attach recorded; {} GOT slots rebound",
         took.as_secs_f64(),
-        answer.blocks,
-        answer.bytes,
-        answer.slots
-    );
+            answer.blocks,
+            answer.bytes,
+            answer.slots
+        );
+    }
+    if answer.pymalloc[0] != 0 {
+        println!(
+            "CPython's pymalloc objects among them: {} ({} bytes, their size classes')",
+            answer.pymalloc[0], answer.pymalloc[1]
+        );
+    }
     println!(
         "glibc's own count then (mallinfo2): {} bytes in chunks in use in its arenas, {} bytes in {} mmapped chunks",
         answer.mallinfo[0], answer.mallinfo[1], answer.mallinfo[2]
@@ -407,24 +498,57 @@ fn call(
     let started = Instant::now();
     let mut held = Held::stop(pid)?;
     let target = inspect(pid, &held)?;
-    if !for_detach && target.shim_loaded {
-        bail!(
-            "cannot attach to pid {pid}: libheapdump.so is loaded there already (started under \
-             heapdump, or attached before); nothing was changed"
-        );
-    }
-    if for_detach && !target.shim_loaded {
+    // A shim loaded already: attached and detached before (attach again), attached now, or
+    // preloaded; one too old to say is refused too.
+    let mut mode = mode;
+    if target.shim_loaded {
+        match (for_detach, target.shim_state) {
+            (false, Some(SHIM_DETACHED)) => mode = (libc::RTLD_NOW | libc::RTLD_NOLOAD) as u64,
+            (false, Some(SHIM_ATTACHED)) => bail!(
+                "cannot attach to pid {pid}: heapdump is attached there already; nothing was \
+                 changed"
+            ),
+            (false, _) => bail!(
+                "cannot attach to pid {pid}: libheapdump.so is loaded there already (started \
+                 under heapdump); nothing was changed"
+            ),
+            (true, Some(SHIM_ATTACHED)) => {}
+            (true, Some(SHIM_PRELOADED)) => bail!(
+                "heapdump is not attached to pid {pid} (it was started under heapdump: \
+                 libheapdump.so is preloaded)"
+            ),
+            (true, _) => bail!("heapdump is not attached to pid {pid} (detached already)"),
+        }
+    } else if for_detach {
         bail!("heapdump is not attached to pid {pid} (libheapdump.so is not loaded there)");
     }
+    // A re-attach reads the shim's address index: no thread may be inside the shim then
+    // (while detached, threads leave it at once). A detach takes none of its locks: the
+    // threads may be inside it (and under full-speed churn nearly always are).
+    let shim_too = target.shim_loaded && !for_detach;
     let deadline = Instant::now() + Duration::from_secs_f64(a.timeout.max(0.0));
+    // Only the threads inside lock or loader run on, a millisecond at a time, until each is
+    // out (a thread that stopped outside stays stopped, and cannot go back in): under
+    // full-speed churn, all threads at once are seldom all outside. Every 8th round all run,
+    // in case one waits on a thread that is stopped outside (a lock of the program's own).
+    let mut round = 0u32;
     loop {
-        match unsafe_thread(&held, &target) {
-            None => break,
-            Some(why) if Instant::now() >= deadline => bail!(
+        let inside = unsafe_threads(&held, &target, shim_too);
+        let Some((_, why)) = inside.first() else {
+            break;
+        };
+        if Instant::now() >= deadline {
+            bail!(
                 "cannot attach to pid {pid} safely: {why} for longer than {} s; nothing was changed",
                 a.timeout
-            ),
-            Some(_) => held.let_run(Duration::from_millis(3))?,
+            );
+        }
+        round += 1;
+        if round.is_multiple_of(8) {
+            held.let_run(Duration::from_millis(3))?;
+        } else {
+            let tids: Vec<u32> = inside.iter().map(|x| x.0).collect();
+            held.let_run_only(&tids, Duration::from_millis(1))?;
         }
     }
     let (Some(dlopen), Some(dlsym), Some(dlerror)) = (
@@ -539,6 +663,7 @@ fn call(
     };
     held.read(data + stub::DATA_ARGS as u64, answer_bytes);
     let took = started.elapsed();
+    unmap_stub(&mut held, tid, target.gadget, [data, code]);
     if stage != 4 {
         let msg = held
             .word(data + stub::DATA_DLERROR as u64)

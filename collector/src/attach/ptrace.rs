@@ -215,15 +215,34 @@ impl Held {
     /// Lets every thread run (the safe point was not reached), then stops them all again
     /// after `pause`; threads created meanwhile are attached too.
     pub fn let_run(&mut self, pause: std::time::Duration) -> Result<()> {
-        for t in &self.threads {
-            let _ = ptrace(libc::PTRACE_CONT, t.tid, 0, 0);
+        let all: Vec<u32> = self.threads.iter().map(|t| t.tid).collect();
+        self.let_run_only(&all, pause)
+    }
+
+    /// Lets the threads `tids` run (the others stay stopped), then stops them again after
+    /// `pause`; threads they created meanwhile are attached too.
+    pub fn let_run_only(&mut self, tids: &[u32], pause: std::time::Duration) -> Result<()> {
+        // A signal kept from an earlier stop is delivered now, as it would have been; a
+        // thread running already (resumed) keeps it for the detach.
+        let mut kept = Vec::new();
+        for t in self.threads.iter().filter(|t| tids.contains(&t.tid)) {
+            if ptrace(libc::PTRACE_CONT, t.tid, 0, t.pending as usize).is_err() && t.pending != 0 {
+                kept.push((t.tid, t.pending));
+            }
         }
         std::thread::sleep(pause);
-        let tids: Vec<u32> = self.threads.drain(..).map(|t| t.tid).collect();
-        for &tid in &tids {
+        self.threads.retain(|t| !tids.contains(&t.tid));
+        for &tid in tids {
             let _ = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
         }
-        self.wait_all(&tids);
+        self.wait_all(tids);
+        for (tid, sig) in kept {
+            if let Ok(t) = self.thread_mut(tid) {
+                if t.pending == 0 {
+                    t.pending = sig;
+                }
+            }
+        }
         // New threads.
         for _round in 0..100 {
             let new: Vec<u32> = tids_of(self.pid)

@@ -137,6 +137,7 @@ pub const DATA_PATH: usize = 64;
 pub const DATA_SYMBOL: usize = 576;
 /// Data page: the entry's argument (`vmo_layout::attach::AttachArgs`).
 pub const DATA_ARGS: usize = 1024;
+const _: () = assert!(DATA_ARGS + std::mem::size_of::<vmo_layout::attach::AttachArgs>() <= 4096);
 
 /// The stub's parameters.
 #[derive(Debug, Clone, Copy)]

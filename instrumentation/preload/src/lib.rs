@@ -56,7 +56,9 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     }
     // SAFETY: forwarding to glibc with the caller's arguments.
     let p = unsafe { __libc_malloc(size) };
-    record_alloc(p as *mut u8, size, fp);
+    if !attach::from_loader(fp) {
+        record_alloc(p as *mut u8, size, fp);
+    }
     p
 }
 
@@ -129,6 +131,10 @@ unsafe extern "C" fn free_block(p: *mut c_void) {
 #[cfg_attr(not(test), no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    if attach::from_loader(frame_pointer!()) {
+        // SAFETY: forwarding to glibc with the caller's argument.
+        return unsafe { __libc_free(ptr) };
+    }
     // glibc >= 2.33 keeps errno across free (POSIX.1-2024 requires it); so does the recording:
     // its own work that may fail a system call (start-up, thread registration) restores errno.
     // A signal handler that interrupted this thread's recording: the shim frees the block
@@ -170,7 +176,9 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
     let p = unsafe { __libc_calloc(n, size) };
-    record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    if !attach::from_loader(fp) {
+        record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    }
     p
 }
 
@@ -183,6 +191,10 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
 #[inline(never)]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
+    if attach::from_loader(fp) {
+        // SAFETY: forwarding to glibc with the caller's arguments.
+        return unsafe { __libc_realloc(ptr, size) };
+    }
     // SAFETY: the caller's contract for realloc.
     unsafe { realloc_impl(ptr, size, fp) }
 }
