@@ -2,7 +2,7 @@
 //   cache_put: a steady cache of 20,000 blocks of 64 B, 200 of them replaced at random every
 //              10 ms (the same size: its live bytes stay flat);
 //   leak_some: a slow leak, 50 blocks of 128 B every 10 ms, never freed (6,400 B per tick);
-//   burst:     1 MiB each second, freed 100 ms later.
+//   burst:     1 MiB each second (at a random moment of it), freed 100 ms later.
 // Prints "ready PID" once the cache is full, then runs until killed or stdin closes.
 // Build with -fno-optimize-sibling-calls so each function keeps its frame.
 #include <poll.h>
@@ -44,6 +44,7 @@ int main(void) {
     int n = snprintf(msg, sizeof msg, "ready %d\n", (int)getpid());
     if (write(1, msg, n) != n) return 1;
     void *b = NULL;
+    unsigned burst_at = 0;
     for (unsigned tick = 0;; tick++) {
         for (int i = 0; i < 200; i++) {
             int k = rand() % CACHE;
@@ -51,8 +52,12 @@ int main(void) {
             cache[k] = cache_put();
         }
         leak_some();
-        if (tick % 100 == 0) b = burst();
-        if (tick % 100 == 10) {
+        // Once a cycle of 100 ticks (about a second), at a random tick: a cycle as long as
+        // watch's beat would keep the burst in the same phase of every beat, and a slow drift
+        // would make it look like a step up.
+        if (tick % 100 == 0) burst_at = tick + (unsigned)(rand() % 90);
+        if (tick == burst_at) b = burst();
+        if (b != NULL && tick == burst_at + 10) {
             free(b);
             b = NULL;
         }
