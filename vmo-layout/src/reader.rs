@@ -11,7 +11,8 @@
 //! Snapshot protocol for a live writer (the argument is in `ARCHITECTURE.md`):
 //! 1. store a lease `L = now` in the header (SeqCst), after the identity of its holder
 //!    (`lease_pid`, `lease_start_ticks`: writers free the lease of a dead holder) and with
-//!    `L > lease_last`; writers stop recycling nodes freed at or after `L`;
+//!    `L > lease_last`, then `lease_last = L` (after the lease: see ARCHITECTURE.md, point 2 of
+//!    the claim); writers stop recycling nodes freed at or after `L`;
 //! 2. read the snapshot time `T = now` and wait until the clock has passed it — or, with a
 //!    writer that stamps every event after the latest lease (`FLAG_LEASE_FLOOR`), take `T = L`
 //!    at once if the clock still reads `L` (no event can have been stamped after `L` before
@@ -643,7 +644,9 @@ impl<'a> Region<'a> {
             // Lease values only grow (see `HeaderV1::lease_last`): wait for the clock to pass
             // the last one stored (at most a tick, and only right after another snapshot).
             // Bounded: a crafted value in the future is not waited for (20 ms at most).
-            let last = h.lease_last.load(Ordering::SeqCst);
+            // (And past a lease still stored: a collector that died between storing its lease
+            // and `lease_last` must not see its value taken again.)
+            let last = (h.lease_last.load(Ordering::SeqCst)).max(h.lease.load(Ordering::SeqCst));
             for _ in 0..100 {
                 if now_ns() > last {
                     break;
@@ -663,7 +666,6 @@ impl<'a> Region<'a> {
             let mut tries = 0;
             loop {
                 lease = now_ns();
-                h.lease_last.store(lease, Ordering::SeqCst);
                 // Who holds the lease, stored before it (writers read it after the lease).
                 h.lease_pid.store(opts.lease_pid, Ordering::SeqCst);
                 h.lease_start_ticks
@@ -672,6 +674,14 @@ impl<'a> Region<'a> {
                 // that sees the new lease sees no older scan's progress as this one's).
                 h.lease_scanned.store(0, Ordering::SeqCst);
                 h.lease.store(lease, Ordering::SeqCst);
+                // `lease_last` after `lease`: a writer whose stamp saw `lease_last` (and so
+                // stamped its free after `lease`) sees the lease in its next recycling check,
+                // and does not rewrite that record, live at T. Stored the other way round, a
+                // free could be stamped after T by the floor while the same thread's next
+                // allocation still saw no lease and rewrote the record at once (its ring's only
+                // dead record): a block live at T missing from the snapshot (issue 20; the
+                // churn tests' "one block short").
+                h.lease_last.store(lease, Ordering::SeqCst);
                 tries += 1;
                 if !floor {
                     break;
