@@ -75,6 +75,7 @@ fn rust_global_allocator_exact() {
     assert_eq!(f("alloc_small")[2..], [1000, 1000 * KIB]);
     assert_eq!(f("alloc_medium")[2..], [100, 6400 * KIB]);
     assert_eq!(f("alloc_large")[2..], [10, 10 * MIB]);
+    assert_eq!(f("churn")[2..], [0, 0]);
     // The program's own tally of every live block (runtime included) equals the snapshot.
     let t = raw.total();
     assert_eq!((t[2], t[3]), (blocks, bytes));
@@ -466,6 +467,63 @@ fn sampling_estimates_within_five_percent() {
     );
     // The profile is readable by the reference client.
     assert!(pprof_raw(&path).total()[3] > 0);
+    assert_eq!(r.finish(), 0);
+}
+
+/// Sampling with frees, reallocs and callocs: the estimates are of what is held, with block
+/// headers on sampled blocks (the default) and with the address index alone. A free that left
+/// a sampled block's record open would count every freed block again (about twice the bytes).
+#[test]
+fn sampling_estimates_with_frees_and_reallocs() {
+    let exe = compile_c("sizes", &[]);
+    for headers in ["1", "0"] {
+        let dir = region_dir(&format!("sampled-churn-{headers}"));
+        let mut cmd = Command::new(&exe);
+        cmd.args(["600000", "churn"])
+            .env("HEAPDUMP_SAMPLE_INTERVAL", "32768")
+            .env("HEAPDUMP_BLOCK_HEADERS", headers);
+        let r = start(cmd, &dir, true);
+        let (blocks, bytes) = r.tally();
+        let (blocks, bytes) = (blocks as f64, bytes as f64);
+        let p = decode(&snapshot(&dir, r.pid(), &[]));
+        let v = sum_through(&p, "hold_blocks");
+        let (est_blocks, est_bytes) = (v[2] as f64, v[3] as f64);
+        eprintln!(
+            "HEAPDUMP_BLOCK_HEADERS={headers}, churn, sampled at 32 KiB: inuse_space {est_bytes} vs {bytes} ({:+.2}%), objects {est_blocks} vs {blocks} ({:+.2}%)",
+            100.0 * (est_bytes / bytes - 1.0),
+            100.0 * (est_blocks / blocks - 1.0)
+        );
+        assert!(
+            (est_bytes / bytes - 1.0).abs() < 0.05,
+            "inuse_space off by more than 5%"
+        );
+        assert!(
+            (est_blocks / blocks - 1.0).abs() < 0.05,
+            "inuse_objects off by more than 5%"
+        );
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+/// `#[global_allocator]` in the sampling mode: every block has a header, and a freed sampled
+/// block's record is closed (`churn` frees all it allocates).
+#[test]
+fn rust_global_allocator_sampled_frees() {
+    let exe = target_dir().join("rust-alloc-example");
+    let dir = region_dir("rust-sampled");
+    let mut cmd = Command::new(&exe);
+    cmd.env("HEAPDUMP_SAMPLE_INTERVAL", "4096");
+    let r = start(cmd, &dir, false);
+    let raw = pprof_raw(&snapshot(&dir, r.pid(), &[]));
+    let f = |n: &str| raw.sum_with(&format!("rust_alloc_example::{n}"));
+    assert_eq!(f("churn")[2..], [0, 0], "freed blocks still recorded");
+    // 10 blocks of 1 MiB are each sampled with probability 1 - exp(-256): all of them.
+    assert_eq!(f("alloc_large")[2], 10);
+    let small = f("alloc_small")[3] as f64;
+    assert!(
+        small > 0.5 * 1024.0 * 1024.0 && small < 1.5 * 1024.0 * 1024.0,
+        "{small}"
+    );
     assert_eq!(r.finish(), 0);
 }
 

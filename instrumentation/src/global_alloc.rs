@@ -3,7 +3,7 @@
 //! [`GlobalAlloc`] (the system allocator by default).
 
 use crate::header;
-use crate::hooks::{record_alloc_from, record_free};
+use crate::hooks::{record_alloc_from, record_free_headed};
 use crate::unwind::Start;
 use crate::{frame_pointer, here};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -147,7 +147,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for HeapdumpAlloc<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        record_free(ptr);
+        // Every block has a header (in sampling mode too: no presence filter to consult).
+        record_free_headed(ptr);
         // SAFETY: `ptr` came from `alloc` with this layout, so `outer(layout)` exists and the
         // inner block starts `offset(layout)` bytes before it.
         unsafe {
@@ -163,7 +164,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for HeapdumpAlloc<A> {
         let Some(new_total) = new_size.checked_add(off) else {
             return std::ptr::null_mut();
         };
-        let old = record_free(ptr);
+        let old = record_free_headed(ptr);
         // SAFETY: as in dealloc; the inner block grows to the new size plus the header's room
         // (its alignment unchanged, as realloc keeps it).
         let q = unsafe {

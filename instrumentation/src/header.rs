@@ -42,6 +42,7 @@ pub const SIZE: usize = 16;
 pub const NONE: u32 = u32::MAX;
 
 static ON: AtomicBool = AtomicBool::new(false);
+static SAMPLED_ONLY: AtomicBool = AtomicBool::new(false);
 static KEY: AtomicU64 = AtomicU64::new(0);
 
 #[repr(C)]
@@ -56,6 +57,23 @@ const _: () = assert!(std::mem::size_of::<Header>() == SIZE);
 #[inline(always)]
 pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
+}
+
+/// Whether only sampled blocks get headers (sampling mode, [`enable_sampled_only`]); when false
+/// and [`on`], every block the preloaded wrappers allocate gets one.
+#[inline(always)]
+pub fn sampled_only() -> bool {
+    SAMPLED_ONLY.load(Ordering::Relaxed)
+}
+
+/// Sampling mode: turns headers on for sampled blocks only. The wrappers decide whether to
+/// sample before asking glibc for the block, and give a header only to a sampled one; a free
+/// then tells a sampled block from the others by its header (the cache line glibc's free reads
+/// anyway), with no lookup for the unsampled majority (before: a load from the address index's
+/// presence filter, which missed the L1 cache under allocation-heavy work).
+pub fn enable_sampled_only() {
+    SAMPLED_ONLY.store(true, Ordering::Relaxed);
+    enable();
 }
 
 /// Turns headers on for the rest of the process's life (the preloaded shim, once recording

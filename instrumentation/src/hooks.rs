@@ -40,6 +40,25 @@ pub fn record_realloc(ptr: *mut u8, size: usize, fp: usize) {
     record_alloc_as(ptr, size, Start::FramePointer(fp), true);
 }
 
+/// Sampling mode with block headers ([`header::sampled_only`]): whether the allocation of
+/// `size` bytes about to be made is sampled, decided before the wrapper asks glibc for it (a
+/// sampled block gets a header). Every allocation calls this or [`record_alloc`], never both.
+#[inline]
+pub fn sample_next(size: usize) -> bool {
+    python::poll(&PY_WRAPPERS);
+    state::sample(size as u64, state::sample_interval())
+}
+
+/// Records block `ptr` that [`sample_next`] sampled (`fp` as in [`record_alloc`];
+/// `forwarded` as for [`record_realloc`]: it replaces a recorded block).
+#[inline]
+pub fn record_sampled(ptr: *mut u8, size: usize, fp: usize, forwarded: bool) {
+    if ptr.is_null() {
+        return;
+    }
+    record_chosen(ptr, size, Start::FramePointer(fp), forwarded);
+}
+
 #[inline(always)]
 fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     if ptr.is_null() {
@@ -50,6 +69,12 @@ fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
     }
+    record_chosen(ptr, size, start, forwarded);
+}
+
+/// Records block `ptr`, already sampled when sampling.
+#[inline(always)]
+fn record_chosen(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     let record = |g: &'static Global, t: &Tls| {
         insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))
     };
@@ -93,10 +118,23 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
     if ptr.is_null() {
         return None;
     }
-    // Sampling mode: most blocks were not sampled, and the filter says so without a lookup.
-    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
+    // Sampling mode: most blocks were not sampled, and the filter says so without a lookup;
+    // a sampled block with a header is not in the filter.
+    if state::sample_interval() != 0
+        && !state::PRESENCE.may_contain(ptr as u64)
+        // SAFETY: a pointer handed to the malloc family or CPython's allocator (see `header`).
+        && !(header::on() && unsafe { header::read(ptr as u64) }.is_some())
+    {
         return None;
     }
+    record_free_headed(ptr)
+}
+
+/// [`record_free`] of a block known to have a header (see [`header`]), whose record the
+/// header names: no presence filter (sampled blocks with headers are not in the index), or
+/// of any block outside sampling mode.
+#[inline]
+pub fn record_free_headed(ptr: *mut u8) -> Option<u64> {
     match enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(r) => r,
         None => {
@@ -118,9 +156,29 @@ pub fn record_free_deferrable(ptr: *mut u8) -> bool {
     if ptr.is_null() {
         return false;
     }
+    // SAFETY: as in `record_free`.
+    if header::on() && unsafe { header::read(ptr as u64) }.is_some() {
+        return record_free_deferrable_headed(ptr);
+    }
+    record_free_deferrable_plain(ptr)
+}
+
+/// [`record_free_deferrable`] of a block known to have no header (see [`header`]): in
+/// sampling mode the presence filter answers for it.
+#[inline]
+pub fn record_free_deferrable_plain(ptr: *mut u8) -> bool {
+    if ptr.is_null() {
+        return false;
+    }
     if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
         return false;
     }
+    record_free_deferrable_headed(ptr)
+}
+
+/// [`record_free_deferrable`] of a block known to have a header (as [`record_free_headed`]).
+#[inline]
+pub fn record_free_deferrable_headed(ptr: *mut u8) -> bool {
     match enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
@@ -134,7 +192,9 @@ pub(crate) fn insert_deferred(g: &Global, t: &Tls, addr: u64, size: u64, frames:
 
 /// Records a free deferred from a signal handler.
 pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64) {
-    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(addr) {
+    // SAFETY: the block is held back from glibc until this returns (see `state::defer`).
+    let headed = header::on() && unsafe { header::read(addr) }.is_some();
+    if !headed && state::sample_interval() != 0 && !state::PRESENCE.may_contain(addr) {
         return;
     }
     erase(g, t, addr);
@@ -309,11 +369,14 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
             unsafe { header::write(addr, header::NONE, size32) };
             (n, size32)
         }
-        _ => state::INDEX.remove(addr)?,
+        _ => {
+            let r = state::INDEX.remove(addr)?;
+            if state::sample_interval() != 0 {
+                state::PRESENCE.sub(addr);
+            }
+            r
+        }
     };
-    if state::sample_interval() != 0 {
-        state::PRESENCE.sub(addr);
-    }
     let held = acquire_slot(g, t);
     let (slot_idx, slot) = (held.idx, held.slot);
     RegionWriter::op_begin(slot, n);

@@ -12,7 +12,7 @@
 //! `munmap` that interrupts every other core) again and again.
 
 use crate::sys::{map_anon, unmap, SpinLock};
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Number of shards (a power of two).
 pub const SHARDS: usize = 256;
@@ -346,6 +346,12 @@ const PRESENCE: usize = 1 << 14;
 /// the program's own hand-over of the pointer.
 pub struct Presence {
     counts: [AtomicU8; PRESENCE],
+    /// Addresses counted and not uncounted (not saturating): while 0, which is the common case
+    /// when sampled blocks have headers instead of index entries, no address is indexed and
+    /// [`Self::may_contain`] answers from this one rarely written word, not from a counter that
+    /// may be out of the cache. Each uncount follows its own count (the program hands the
+    /// pointer over between them), so this never drops to 0 while an address is indexed.
+    live: AtomicU64,
 }
 
 impl std::fmt::Debug for Presence {
@@ -359,6 +365,7 @@ impl Presence {
     pub const fn new() -> Self {
         Presence {
             counts: [const { AtomicU8::new(0) }; PRESENCE],
+            live: AtomicU64::new(0),
         }
     }
 
@@ -370,11 +377,12 @@ impl Presence {
     /// False only if `address` is certainly not indexed.
     #[inline]
     pub fn may_contain(&self, address: u64) -> bool {
-        self.counter(address).load(Ordering::Relaxed) != 0
+        self.live.load(Ordering::Relaxed) != 0 && self.counter(address).load(Ordering::Relaxed) != 0
     }
 
     /// Counts a newly indexed `address`.
     pub fn add(&self, address: u64) {
+        self.live.fetch_add(1, Ordering::Relaxed);
         let _ = self
             .counter(address)
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -384,6 +392,7 @@ impl Presence {
 
     /// Uncounts an `address` removed from the index (a saturated counter stays saturated).
     pub fn sub(&self, address: u64) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
         let _ = self
             .counter(address)
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {

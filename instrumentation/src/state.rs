@@ -91,6 +91,8 @@ pub fn sample(size: u64, interval: u64) -> bool {
 }
 
 /// An exponentially distributed distance (mean `interval` bytes) to the next sampled byte.
+#[cold]
+#[inline(never)]
 fn draw(t: &Tls, interval: u64) -> i64 {
     let mut x = t.rng.get();
     if x == 0 {
@@ -185,14 +187,19 @@ fn init_locked() -> bool {
     true
 }
 
-/// Turns block headers on (see [`crate::header`]) if recording started, every allocation is
-/// recorded and `HEAPDUMP_BLOCK_HEADERS` allows it. Only the preloaded shim calls this, from
+/// Turns block headers on (see [`crate::header`]) if recording started and
+/// `HEAPDUMP_BLOCK_HEADERS` allows it: for every block, or in sampling mode for sampled blocks
+/// only. Only the preloaded shim calls this, from
 /// its constructor: its `malloc`, `calloc` and `realloc` then add headers, and its `free`,
 /// `realloc` and `malloc_usable_size` recognise them for the rest of the process's life.
 pub fn enable_block_headers() {
     if let Some(g) = global() {
-        if g.settings.block_headers && g.settings.sample_interval == 0 {
-            crate::header::enable();
+        if g.settings.block_headers {
+            if g.settings.sample_interval == 0 {
+                crate::header::enable();
+            } else {
+                crate::header::enable_sampled_only();
+            }
         }
     }
 }

@@ -40,6 +40,7 @@ pub fn next_distance(u: f64, interval: u64) -> i64 {
 /// One step of a thread's countdown: `left` bytes remained before the next sampled byte, and a
 /// block of `size` bytes is allocated. Returns the bytes left after it: zero or less when the
 /// block is sampled (then the caller draws a fresh distance with [`next_distance`]).
+#[inline]
 pub fn count_down(left: i64, size: u64) -> i64 {
     left - size.min(i64::MAX as u64 / 2) as i64
 }

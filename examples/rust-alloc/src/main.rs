@@ -5,7 +5,8 @@
 //! Allocates 1000 × 1 KiB from `alloc_small`, 100 × 64 KiB from `alloc_medium` and 10 × 1 MiB
 //! from `alloc_large` (grown by `Vec::reserve_exact` from 512 KiB), prints
 //! `ready PID LIVE_BLOCKS LIVE_BYTES` and waits for stdin to close. Takes the named snapshot
-//! `before-large` between the medium and the large blocks.
+//! `before-large` between the medium and the large blocks. Before that, `churn` allocates,
+//! grows and frees 20,000 blocks, none of which is live at the snapshot.
 
 use heapdump_instrumentation::state::inside_shim;
 use heapdump_instrumentation::HeapdumpAlloc;
@@ -66,6 +67,19 @@ fn alloc_small(out: &mut Vec<Box<[u8]>>) {
     }
 }
 
+/// Blocks allocated, grown (realloc) and freed: nothing of them is live afterwards, in the
+/// sampling mode too (a sampled block's free must close its record).
+#[inline(never)]
+fn churn() {
+    let mut grown: Vec<u64> = Vec::new();
+    for i in 0..20_000usize {
+        let v = vec![3u8; 1024 + i % 1024];
+        std::hint::black_box(&v);
+        grown.push(i as u64);
+    }
+    std::hint::black_box(&grown);
+}
+
 #[inline(never)]
 fn alloc_medium(out: &mut Vec<Box<[u8]>>) {
     for _ in 0..100 {
@@ -87,6 +101,7 @@ fn main() {
     let mut small = Vec::with_capacity(1000);
     let mut medium = Vec::with_capacity(100);
     let mut large = Vec::with_capacity(10);
+    churn();
     alloc_small(&mut small);
     alloc_medium(&mut medium);
     // A named snapshot: `heapdump snapshot --named before-large` gives the blocks live here.

@@ -15,7 +15,8 @@
 use heapdump_instrumentation::frame_pointer;
 use heapdump_instrumentation::header;
 use heapdump_instrumentation::hooks::{
-    record_alloc, record_free, record_free_deferrable, record_realloc,
+    record_alloc, record_free, record_free_deferrable_headed, record_free_deferrable_plain,
+    record_free_headed, record_realloc, record_sampled, sample_next,
 };
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,6 +44,11 @@ extern "C" {
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if header::on() {
+        if header::sampled_only() && !sample_next(size) {
+            // Sampling mode, not sampled: glibc's block as it is, no header, no record.
+            // SAFETY: forwarding to glibc with the caller's arguments.
+            return unsafe { __libc_malloc(size) };
+        }
         let Some(total) = with_header(size) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
@@ -51,7 +57,7 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
         let q = unsafe { __libc_malloc(total) };
         // SAFETY: `q` is null or a block of `size + 16` bytes.
         let p = unsafe { headed(q, size) };
-        record_alloc(p as *mut u8, size, fp);
+        record_headed(p, size, fp, false);
         return p;
     }
     // SAFETY: forwarding to glibc with the caller's arguments.
@@ -60,6 +66,20 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
         record_alloc(p as *mut u8, size, fp);
     }
     p
+}
+
+/// Records block `p` just given a header: sampled already in sampling mode
+/// ([`header::sampled_only`]: only sampled blocks get one), else every block is recorded.
+/// `forwarded`: it replaces a recorded block (`realloc`).
+#[inline(always)]
+fn record_headed(p: *mut c_void, size: size_t, fp: usize, forwarded: bool) {
+    if header::sampled_only() {
+        record_sampled(p as *mut u8, size, fp, forwarded);
+    } else if forwarded {
+        record_realloc(p as *mut u8, size, fp);
+    } else {
+        record_alloc(p as *mut u8, size, fp);
+    }
 }
 
 /// What to ask glibc for to hand out `size` bytes after a header: `size + 16`, but at least 32
@@ -141,13 +161,13 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // when the interrupted operation ends, after closing its record.
     // SAFETY: the caller's pointer for free (see `has_header`).
     if unsafe { has_header(ptr) } {
-        if !record_free_deferrable(ptr as *mut u8) {
+        if !record_free_deferrable_headed(ptr as *mut u8) {
             // SAFETY: it has a header; its record (if any) was just closed.
             unsafe { free_headed(ptr) };
         }
         return;
     }
-    if !record_free_deferrable(ptr as *mut u8) {
+    if !record_free_deferrable_plain(ptr as *mut u8) {
         // SAFETY: forwarding to glibc with the caller's argument.
         unsafe { __libc_free(ptr) };
     }
@@ -163,6 +183,10 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if header::on() {
         let bytes = n.checked_mul(size);
+        if header::sampled_only() && !sample_next(bytes.unwrap_or(0)) {
+            // SAFETY: forwarding to glibc (which checks n * size for overflow).
+            return unsafe { __libc_calloc(n, size) };
+        }
         let Some((bytes, total)) = bytes.and_then(|b| Some((b, with_header(b)?))) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
@@ -171,7 +195,7 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
         let q = unsafe { __libc_calloc(1, total) };
         // SAFETY: `q` is null or a block of `n * size + 16` bytes.
         let p = unsafe { headed(q, bytes) };
-        record_alloc(p as *mut u8, bytes, fp);
+        record_headed(p, bytes, fp, false);
         return p;
     }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
@@ -205,19 +229,27 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
     if header::on() {
         if ptr.is_null() {
+            if header::sampled_only() && !sample_next(size) {
+                // SAFETY: forwarding to glibc, as malloc(size).
+                return unsafe { __libc_malloc(size) };
+            }
             let Some(total) = with_header(size) else {
                 set_errno(libc::ENOMEM);
                 return std::ptr::null_mut();
             };
             // SAFETY: as in malloc.
             let p = unsafe { headed(__libc_malloc(total), size) };
-            record_alloc(p as *mut u8, size, fp);
+            record_headed(p, size, fp, false);
             return p;
         }
         // SAFETY: the caller's pointer for realloc.
         if unsafe { has_header(ptr) } {
             // SAFETY: as above.
             return unsafe { realloc_headed(ptr, size, fp) };
+        }
+        if header::sampled_only() {
+            // SAFETY: as above; `ptr` has no header.
+            return unsafe { realloc_sampling(ptr, size, fp) };
         }
         // A block without a header (allocated before the shim started, or aligned) stays
         // without one: glibc's realloc, recorded through the address index.
@@ -255,7 +287,7 @@ unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_vo
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    let old = record_free(ptr as *mut u8);
+    let old = record_free_headed(ptr as *mut u8);
     // SAFETY: glibc's block is ptr - 16 (it has a header); forwarding with room for it.
     let q = unsafe { __libc_realloc((ptr as *mut u8).sub(header::SIZE) as *mut c_void, total) };
     if q.is_null() {
@@ -267,12 +299,62 @@ unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_vo
     }
     // SAFETY: `q` is a block of `size + 16` bytes.
     let p = unsafe { headed(q, size) };
+    // Sampling mode: the block keeps its header whether or not its new size is sampled.
     if old.is_some() {
         record_realloc(p as *mut u8, size, fp);
     } else {
         record_alloc(p as *mut u8, size, fp);
     }
     p
+}
+
+/// Sampling mode with headers: `realloc` of a block without a header (not sampled, or of the
+/// `memalign` family). The new block is sampled by its size like any allocation: a sampled one
+/// is moved into a block with a header (`realloc` may always move), any other is glibc's
+/// `realloc` of the block as it is.
+///
+/// # Safety
+/// As `realloc(3)`; `ptr` is not null and has no header.
+#[inline(never)]
+unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+    let old = record_free(ptr as *mut u8);
+    if size == 0 || !sample_next(size) {
+        // SAFETY: forwarding to glibc with the caller's arguments.
+        let q = unsafe { __libc_realloc(ptr, size) };
+        if q.is_null() && size != 0 {
+            if let Some(old_size) = old {
+                // Failure leaves the old block valid: record it again.
+                record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+            }
+        }
+        return q;
+    }
+    let Some(total) = with_header(size) else {
+        if let Some(old_size) = old {
+            record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+        }
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarding to glibc, with room for the header.
+    let q = unsafe { __libc_malloc(total) };
+    if q.is_null() {
+        if let Some(old_size) = old {
+            record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+        }
+        return q;
+    }
+    // SAFETY: `q` is a block of `size + 16` bytes; the old block's usable bytes are the
+    // program's (glibc's own realloc copies them the same way), and the two blocks are
+    // distinct; then the old block goes back to glibc, as glibc's realloc does when it moves.
+    unsafe {
+        let p = headed(q, size);
+        let keep = malloc_usable_size(ptr).min(size);
+        std::ptr::copy_nonoverlapping(ptr as *const u8, p as *mut u8, keep);
+        __libc_free(ptr);
+        record_sampled(p as *mut u8, size, fp, old.is_some());
+        p
+    }
 }
 
 /// `reallocarray(3)`.
