@@ -995,11 +995,25 @@ def section_python(args, peers):
     for k in ("heaptrack-pymalloc-off",):
         peers[k].available = peers["heaptrack"].available
         peers[k].skip_reason = peers["heaptrack"].skip_reason
-    py_keys = ["baseline", "heapdump", "memray", "heapdump-pymalloc-off",
-               "heapdump-index-pymalloc-off", "heaptrack-pymalloc-off"]
     configs = [("1", [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters)])]
+    # Default CPython (pymalloc), against the same interpreter without a profiler.
+    py_keys = ["baseline", "heapdump", "memray"]
     pairs = ab_rounds(configs, py_keys, peers, args, "Python")
     table, notes = overhead_table(pairs, configs, py_keys, peers)
+    out += table + [""] + [f"- {n}" for n in notes] + [""]
+    # PYTHONMALLOC=malloc (every object through malloc): against the same interpreter, also
+    # with PYTHONMALLOC=malloc, without a profiler. (Until 2026-11-25 these rows were divided
+    # by the pymalloc baseline above, which charged the profiler with glibc's malloc being
+    # slower than pymalloc: about 1.25x of the ratio.)
+    malloc_peers = dict(peers)
+    malloc_peers["baseline"] = Peer("baseline (glibc), PYTHONMALLOC=malloc",
+                                    lambda argv, env, tmp: (argv, dict(env, PYTHONMALLOC="malloc")))
+    malloc_keys = ["baseline", "heapdump-pymalloc-off", "heapdump-index-pymalloc-off",
+                   "heaptrack-pymalloc-off"]
+    pairs = ab_rounds(configs, malloc_keys, malloc_peers, args, "Python, PYTHONMALLOC=malloc")
+    table, notes = overhead_table(pairs, configs, malloc_keys, malloc_peers)
+    out += ["PYTHONMALLOC=malloc: every object goes through malloc; ratios to the same "
+            "interpreter with PYTHONMALLOC=malloc and no profiler.", ""]
     return out + table + [""] + [f"- {n}" for n in notes] + [""]
 
 

@@ -210,12 +210,27 @@ impl Cache {
         // Return addresses differ in their low bits; folding in the page number spreads code
         // that repeats at page-aligned offsets. No multiply: this is on the frame-to-frame
         // dependency chain.
-        let slot = &mut self.slots[(key ^ (key >> 12)) as usize % SLOTS];
-        if slot.key == key {
-            return slot.rule;
+        let set = ((key ^ (key >> 12)) as usize % (SLOTS / 2)) * 2;
+        if self.slots[set].key == key {
+            return self.slots[set].rule;
         }
-        let rule = compute(objects, &mut self.ctx, key, &mut self.missed);
-        *slot = Slot { key, rule };
+        self.rule_other_way(objects, key, set)
+    }
+
+    /// The second way of `set` (two-way set associative: code addresses whose slots collide,
+    /// such as call sites in a large interpreter loop, no longer evict each other), or a
+    /// computed rule; the entry found or computed moves to the first way, the first way's to
+    /// the second.
+    #[inline(never)]
+    fn rule_other_way(&mut self, objects: &Objects, key: u64, set: usize) -> Rule {
+        let first = self.slots[set];
+        let rule = if self.slots[set + 1].key == key {
+            self.slots[set + 1].rule
+        } else {
+            compute(objects, &mut self.ctx, key, &mut self.missed)
+        };
+        self.slots[set + 1] = first;
+        self.slots[set] = Slot { key, rule };
         rule
     }
 }

@@ -481,12 +481,19 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
             None => rd(ts, o.current_frame),
         }
     };
-    let mut native = [0u64; MAX_FRAMES];
-    native[..n].copy_from_slice(&frames[..n]);
+    // The native frames from the first eval loop on, which the spliced frames overwrite: only
+    // those are copied, into storage left uninitialized (zeroing 512 bytes at every
+    // allocation was 1.5% of a CPython run's time).
+    let mut native = [std::mem::MaybeUninit::<u64>::uninit(); MAX_FRAMES];
+    let len = n - first_eval;
+    for (d, &s) in native[..len].iter_mut().zip(&frames[first_eval..n]) {
+        d.write(s);
+    }
     let mut out = first_eval;
     let mut visits = 0;
-    for &pc in &native[first_eval..n] {
-        let mut pc = pc;
+    for slot in &native[..len] {
+        // SAFETY: the first `len` entries were written just above.
+        let mut pc = unsafe { slot.assume_init() };
         if in_eval(pc) {
             let before = out;
             run_frames(g, py, &mut f, &mut visits, frames, &mut out);
