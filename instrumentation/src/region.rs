@@ -398,6 +398,13 @@ pub fn create(settings: &Settings) -> Option<Created> {
         warn(b"heapdump: cannot create the region file; not recording\n");
         return None;
     }
+    // Whether the file is on a tmpfs (see `Backing::populate`).
+    let shmem = {
+        let mut fs: libc::statfs = unsafe_zeroed_statfs();
+        // SAFETY: `fd` is our open file; `fs` is a writable statfs.
+        let r = unsafe { libc::fstatfs(fd, &mut fs) };
+        r == 0 && fs.f_type == libc::TMPFS_MAGIC
+    };
     // SAFETY: fd is our open file.
     let p = unsafe {
         if libc::ftruncate(fd, size as libc::off_t) != 0 {
@@ -417,6 +424,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
         libc::close(fd);
         p
     };
+
     if p == libc::MAP_FAILED {
         // SAFETY: `path` is NUL-terminated.
         unsafe { libc::unlink(path.as_ptr() as *const libc::c_char) };
@@ -426,7 +434,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
     // The header is written now: its page needs storage first (the rest is reserved as the
     // region grows, see `Backing`).
     // SAFETY: `p` maps at least one page of the region.
-    if !unsafe { Backing::populate(p as *mut u8, 4096) } {
+    if !unsafe { Backing::populate(p as *mut u8, 4096, shmem) } {
         // SAFETY: the mapping is ours and unused; `path` is NUL-terminated.
         unsafe {
             libc::munmap(p, size as usize);
@@ -451,7 +459,11 @@ pub fn create(settings: &Settings) -> Option<Created> {
     // parent's (which it copies from) is still in use.
     static BACKINGS: [Backing; 2] = [Backing::new(), Backing::new()];
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    writer.set_backing(&BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2]);
+    let backing = &BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2];
+    writer.set_backing(backing);
+    if shmem {
+        backing.set_shmem();
+    }
     // SAFETY: the region is not published yet and only this thread knows the writer.
     unsafe { writer.set_warnings(settings.warnings()) };
     // SAFETY: as above.
@@ -616,4 +628,10 @@ fn remove_stale(dir: &[u8; 512], pid: u32, ticks: u64) {
     }
     // SAFETY: `d` is open.
     unsafe { libc::closedir(d) };
+}
+
+/// A zeroed `statfs` (plain integers: all-zero is a valid value).
+fn unsafe_zeroed_statfs() -> libc::statfs {
+    // SAFETY: `statfs` is a C struct of integers, for which all-zero bytes are valid.
+    unsafe { std::mem::zeroed() }
 }

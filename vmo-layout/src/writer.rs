@@ -125,7 +125,8 @@ impl RegionWriter {
             let es = self.sections[kind as usize - 1].entry_size as u64;
             // Ahead by an eighth of what the section holds (64 KiB to 512 KiB): a small
             // section — most of them, in most programs — keeps little storage in reserve.
-            let ahead = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_AHEAD);
+            let ahead = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_AHEAD)
+                + b.boost.load(Ordering::Relaxed);
             if (have - end) * es < ahead {
                 b.grow(self, kind, end, have + ahead / es.max(1), false);
             }
@@ -953,6 +954,13 @@ impl RegionWriter {
 #[derive(Debug)]
 pub struct Backing {
     lock: AtomicBool,
+    /// Populate by read faults ([`Backing::set_shmem`]).
+    shmem: AtomicBool,
+    /// Bytes reserved ahead beyond the usual (0 to [`BACKING_BOOST_MAX`]): doubled each time
+    /// a thread had to wait for a grower, so that threads allocating faster than one grower
+    /// reserves (8 threads on 2 cores, each descheduled in turn) stop waiting. A program that
+    /// never outruns its growers keeps only the usual eighth in reserve.
+    boost: AtomicU64,
     /// Per section (kind − 1): entries `[0, backed)` have storage.
     backed: [AtomicU64; section::COUNT],
     /// Region-clock ns before which no new attempt is made after a failure.
@@ -965,6 +973,8 @@ const BACKING_MAX_CHUNK: u64 = 1 << 20;
 /// left beyond what is in use (fewer for a small section: an eighth of its storage, at least
 /// [`BACKING_MIN_CHUNK`]).
 const BACKING_AHEAD: u64 = 512 << 10;
+/// At most this many more bytes reserved ahead after waits (see `Backing::boost`).
+const BACKING_BOOST_MAX: u64 = 8 << 20;
 
 impl Default for Backing {
     fn default() -> Self {
@@ -977,6 +987,8 @@ impl Backing {
     pub const fn new() -> Self {
         Backing {
             lock: AtomicBool::new(false),
+            shmem: AtomicBool::new(false),
+            boost: AtomicU64::new(0),
             backed: [const { AtomicU64::new(0) }; section::COUNT],
             retry_at: AtomicU64::new(0),
         }
@@ -986,19 +998,45 @@ impl Backing {
         for b in &self.backed {
             b.store(0, Ordering::Relaxed);
         }
+        self.shmem.store(false, Ordering::Relaxed);
+        self.boost.store(0, Ordering::Relaxed);
         self.retry_at.store(0, Ordering::Relaxed);
         self.lock.store(false, Ordering::Release);
     }
 
+    /// The region file is on a tmpfs (shmem: `/dev/shm`, the default): a read fault gives a
+    /// page its storage there, so pages are populated by read faults from now on (see
+    /// [`Backing::populate`]). Call before the writer is shared, after
+    /// [`RegionWriter::set_backing`].
+    pub fn set_shmem(&self) {
+        self.shmem.store(true, Ordering::Relaxed);
+    }
+
     /// Reserves storage for `len` bytes at `p`; false when the file system has none.
+    ///
+    /// `shmem`: the file is on a tmpfs, where a read fault allocates the page
+    /// (`MADV_POPULATE_READ`). Elsewhere only a write fault reserves blocks
+    /// (`MADV_POPULATE_WRITE`). The kernel makes the write-populate of a shared file page drop
+    /// and retake the address-space lock page by page (to throttle dirty pages), waking every
+    /// thread of the program that waits to change its mappings, such as glibc growing a
+    /// thread's heap with `mprotect`: with 2 threads allocating on 2 cores
+    /// (bench/phases.c) that ping-pong was a sixth of the program's CPU time. The first write
+    /// to a page populated by reading takes a minor fault instead, under the mapping's own
+    /// lock.
     ///
     /// # Safety
     /// `[p, p + len)` must lie in a shared mapping of the region.
-    pub unsafe fn populate(p: *mut u8, len: usize) -> bool {
+    pub unsafe fn populate(p: *mut u8, len: usize, shmem: bool) -> bool {
+        const MADV_POPULATE_READ: libc::c_int = 22;
         const MADV_POPULATE_WRITE: libc::c_int = 23;
+        let advice = if shmem {
+            MADV_POPULATE_READ
+        } else {
+            MADV_POPULATE_WRITE
+        };
         // SAFETY: the caller guarantees the range is mapped; populating writes nothing the
-        // program can see (it faults pages in as a write would, zero-filled).
-        let r = unsafe { libc::madvise(p as *mut libc::c_void, len, MADV_POPULATE_WRITE) };
+        // program can see (it faults pages in as an access would, zero-filled).
+        let r = unsafe { libc::madvise(p as *mut libc::c_void, len, advice) };
         // EINVAL: a kernel older than 5.14 (no way to ask without a signal): proceed.
         r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
     }
@@ -1030,6 +1068,12 @@ impl Backing {
         {
             if !wait {
                 return need <= self.backed[i].load(Ordering::Acquire);
+            }
+            if spins == 0 {
+                // Outran the grower: reserve further ahead from now on.
+                let b = self.boost.load(Ordering::Relaxed);
+                let more = (b * 2).clamp(BACKING_MAX_CHUNK, BACKING_BOOST_MAX);
+                self.boost.fetch_max(more, Ordering::Relaxed);
             }
             spins += 1;
             if spins < 64 {
@@ -1094,7 +1138,13 @@ impl Backing {
         // SAFETY: section offsets and capacities were checked against the mapping by
         // `create`; page rounding stays inside it (sections are page-aligned and the file
         // size is a multiple of the page size).
-        unsafe { Self::populate(w.base.add(lo as usize), (hi - lo) as usize) }
+        unsafe {
+            Self::populate(
+                w.base.add(lo as usize),
+                (hi - lo) as usize,
+                self.shmem.load(Ordering::Relaxed),
+            )
+        }
     }
 }
 
