@@ -191,6 +191,41 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// The stack id stored (by [`Self::set_memo_stack`]) for the frames of this thread's
+    /// last walk, when that walk found them in its memo; `None` otherwise.
+    pub fn memo_stack(&self) -> Option<u32> {
+        if self.captures.is_null() {
+            return None;
+        }
+        // SAFETY: the thread's own captures, not used by a walk now.
+        let m = unsafe { &(*self.captures).memo };
+        let e = m.entries.get(m.last)?;
+        (e.n != 0 && e.stack != u32::MAX).then_some(e.stack)
+    }
+
+    /// Stores `id` as the stack id of the frames of this thread's last walk, if its memo holds
+    /// them (found or just kept there): the next walk that finds them gives it back.
+    pub fn set_memo_stack(&mut self, id: u32) {
+        if self.captures.is_null() {
+            return;
+        }
+        // SAFETY: as in `memo_stack`.
+        let m = unsafe { &mut (*self.captures).memo };
+        let last = m.last;
+        if let Some(e) = m.entries.get_mut(last) {
+            e.stack = id;
+        }
+    }
+
+    /// Forgets which memo entry the last walk used (every walk starts with this).
+    #[inline(always)]
+    fn forget_memo(&mut self) {
+        if !self.captures.is_null() {
+            // SAFETY: as in `memo_stack`.
+            unsafe { (*self.captures).memo.last = usize::MAX };
+        }
+    }
+
     /// Whether the code at `key` keeps a frame pointer (its rule is [`RULE_FRAME_POINTER`]).
     #[inline(always)]
     fn keeps_frame_pointer(&mut self, objects: &Objects, key: u64) -> bool {
@@ -281,7 +316,8 @@ struct Capture {
     bp_at: [u64; MAX_FRAMES],
 }
 
-/// A thread's last capture and the one being made (they alternate).
+/// A thread's last capture and the one being made (they alternate), and its memo of whole
+/// walks (see [`Memo`]).
 #[repr(C)]
 struct Captures {
     pair: [Capture; 2],
@@ -291,6 +327,189 @@ struct Captures {
     window: (u32, u32, u32),
     /// Walks left that neither record nor reuse (see [`WINDOW`]).
     pause: u32,
+    memo: Memo,
+    /// Walks found in the memo (tests only: that the memo is used at all).
+    #[cfg(test)]
+    hits: u64,
+}
+
+/// Stacks the memo keeps at most this deep; deeper ones are walked (reusing the last capture's
+/// outer frames where they can).
+const MEMO_FRAMES: usize = 32;
+/// Sets of the memo, each of [`MEMO_WAYS`] entries: 64 walks in all, about 68 KiB of the
+/// captures' mapping (committed as entries are first used).
+const MEMO_SETS: usize = 16;
+const MEMO_WAYS: usize = 4;
+
+/// A stack word a walk read: where, and the value it held.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Word {
+    at: u64,
+    val: u64,
+}
+
+/// One whole walk, as needed to know it would give the same frames again: the registers it
+/// started from, its bounds and object list, and every stack word it read (per frame the
+/// return address at CFA − 8 and the saved `rbp` where the rule said so, then the words that
+/// ended it).
+#[repr(C)]
+struct MemoEntry {
+    /// The first frame's code address (0: a frame known to keep a frame pointer), `sp`, `bp`.
+    start: [u64; 3],
+    lo: u64,
+    hi: u64,
+    generation: u64,
+    /// Frames; 0: empty.
+    n: u32,
+    /// The stack id these frames were interned as (see [`Cache::memo_stack`]); `u32::MAX`:
+    /// not known.
+    stack: u32,
+    ends: usize,
+    end_at: [u64; 2],
+    end_val: [Option<u64>; 2],
+    /// Frame k: its return address's slot (`val` is the frame's return address) and where its
+    /// caller's `rbp` was read from (`at` 0: not read).
+    frames: [[Word; 2]; MEMO_FRAMES],
+}
+
+/// The memo of a thread's recent walks (bench/storm.c's 16 call paths, an interpreter's few
+/// allocation sites), looked up by the registers a walk starts from.
+///
+/// Why a hit is exact: as for [`Capture`], a walk is a function of its start registers, its
+/// stack bounds, the rules of its object list and the words it reads. An entry with the same
+/// start, bounds and object list generation, each of whose words still holds the value read
+/// then, gives the same frames, so they are copied without a rule looked up — and with them
+/// the stack id they were interned as, so the stack is neither hashed nor looked up either.
+/// Nothing is assumed of the program: a `longjmp`, an exception, another coroutine or a signal
+/// frame that left other words in any of those slots fails the check and the walk is made.
+#[repr(C)]
+struct Memo {
+    /// Per set, a hash of each way's start (0: empty way).
+    tags: [[u64; MEMO_WAYS]; MEMO_SETS],
+    /// Per set, the way the next new entry replaces (round robin).
+    next: [u8; MEMO_SETS],
+    entries: [MemoEntry; MEMO_SETS * MEMO_WAYS],
+    /// The entry the thread's last walk found or filled; `usize::MAX`: none.
+    last: usize,
+}
+
+/// A start's tag (never 0) and set in the memo.
+#[inline(always)]
+fn memo_tag(start: &[u64; 3]) -> (u64, usize) {
+    let h = (start[0] ^ start[1].rotate_left(17) ^ start[2].rotate_left(31))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h | 1, (h >> 58) as usize % MEMO_SETS)
+}
+
+impl Memo {
+    /// The entry whose walk a walk from `start` with these bounds and object list would
+    /// repeat (every word it read checked again), if any.
+    #[inline(always)]
+    fn find(&self, start: &[u64; 3], lo: u64, hi: u64, generation: u64) -> Option<usize> {
+        let (tag, set) = memo_tag(start);
+        for way in 0..MEMO_WAYS {
+            if self.tags[set][way] != tag {
+                continue;
+            }
+            let i = set * MEMO_WAYS + way;
+            let e = &self.entries[i];
+            if e.n != 0
+                && e.start == *start
+                && e.lo == lo
+                && e.hi == hi
+                && e.generation == generation
+                && e.holds(lo, hi)
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Keeps capture `c` (complete, 1 to [`MEMO_FRAMES`] frames) of a walk from `start`;
+    /// returns its entry.
+    fn insert(
+        &mut self,
+        start: &[u64; 3],
+        lo: u64,
+        hi: u64,
+        generation: u64,
+        c: &Capture,
+    ) -> usize {
+        let n = c.n.min(MEMO_FRAMES);
+        let (tag, set) = memo_tag(start);
+        let way = self.next[set] as usize % MEMO_WAYS;
+        self.next[set] = ((way + 1) % MEMO_WAYS) as u8;
+        let i = set * MEMO_WAYS + way;
+        let e = &mut self.entries[i];
+        e.start = *start;
+        e.lo = lo;
+        e.hi = hi;
+        e.generation = generation;
+        e.n = n as u32;
+        e.stack = u32::MAX;
+        e.ends = c.ends;
+        e.end_at = c.end_at;
+        e.end_val = c.end_val;
+        for k in 0..n {
+            e.frames[k] = [
+                Word {
+                    at: c.sp[k].wrapping_sub(8),
+                    val: c.out[k],
+                },
+                Word {
+                    at: c.bp_at[k],
+                    val: c.bp[k],
+                },
+            ];
+        }
+        self.tags[set][way] = tag;
+        i
+    }
+}
+
+impl MemoEntry {
+    /// Whether every stack word this walk read still holds the value read then (reads bounded
+    /// as the walk's were: within `[lo, hi)`, 8-aligned; an address found out of bounds still
+    /// is, the bounds being the same).
+    #[inline(always)]
+    fn holds(&self, lo: u64, hi: u64) -> bool {
+        let read = |a: u64| -> Option<u64> {
+            if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
+                // SAFETY: the address lies in this thread's mapped stack, above the stack
+                // pointer (the bounds the walk that read it had).
+                Some(unsafe { *(a as *const u64) })
+            } else {
+                None
+            }
+        };
+        for f in &self.frames[..(self.n as usize).min(MEMO_FRAMES)] {
+            if read(f[0].at) != Some(f[0].val) {
+                return false;
+            }
+            if f[1].at != 0 && read(f[1].at) != Some(f[1].val) {
+                return false;
+            }
+        }
+        (0..self.ends.min(2)).all(|k| read(self.end_at[k]) == self.end_val[k])
+    }
+}
+
+/// Counts a walk of `frames` frames, `reused` of them not walked, in the thread's window, and
+/// pauses recording captures when the window reused too little (see [`WINDOW`]).
+fn account(caps: &mut Captures, frames: usize, reused: usize) {
+    let (walks, found, kept) = caps.window;
+    let (found, kept) = (found + frames as u32, kept + reused as u32);
+    caps.window = (walks + 1, found, kept);
+    if walks + 1 == WINDOW {
+        if kept * 8 < found {
+            caps.pause = PAUSE;
+            // The capture is stale once walks stop recording.
+            caps.pair[caps.last & 1].n = 0;
+        }
+        caps.window = (0, 0, 0);
+    }
 }
 
 /// Walks per window over which a thread's reuse is judged: when under an eighth of the frames
@@ -640,6 +859,7 @@ fn rule_of(row: &UnwindTableRow<usize, Fixed>) -> Rule {
 /// Reads stack memory only within `[current sp, stack_hi)`. Returns the number of frames.
 #[inline(never)]
 pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_FRAMES]) -> usize {
+    cache.forget_memo();
     let marker = 0u8;
     let lo = &marker as *const u8 as u64;
     if stack_hi == 0 || (fp as u64) < lo {
@@ -662,6 +882,7 @@ pub fn walk_from(
     cache: &mut Cache,
     out: &mut [u64; MAX_FRAMES],
 ) -> usize {
+    cache.forget_memo();
     let marker = 0u8;
     let lo = &marker as *const u8 as u64;
     if stack_hi == 0 || sp < lo || sp >= stack_hi as u64 {
@@ -715,11 +936,30 @@ fn unwind(
         cache.fp_keys.fill(0);
         cache.generation = objects.generation;
     }
+    // The registers this walk starts from: the memo's key.
+    let start = [key.unwrap_or(0), sp, bp];
     // The previous capture (to reuse from) and the one this walk records.
     let mut caps = cache.captures;
     if !caps.is_null() {
         // SAFETY: the thread's own captures, used by this walk only.
         let c = unsafe { &mut *caps };
+        if REUSE.load(Ordering::Relaxed) {
+            if let Some(i) = c.memo.find(&start, lo, hi, objects.generation) {
+                let e = &c.memo.entries[i];
+                let n = e.n as usize;
+                for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
+                    *o = f[0].val;
+                }
+                c.memo.last = i;
+                #[cfg(test)]
+                {
+                    c.hits += 1;
+                }
+                c.pause = c.pause.saturating_sub(1);
+                account(c, n, n);
+                return n;
+            }
+        }
         if !REUSE.load(Ordering::Relaxed) {
             caps = std::ptr::null_mut();
         } else if c.pause > 0 {
@@ -933,16 +1173,12 @@ fn unwind(
                 (*caps).last ^= 1;
             }
             let caps = &mut *caps;
-            let (walks, frames, reused) = caps.window;
-            caps.window = (walks + 1, frames + n as u32, reused + m8.reused as u32);
-            if walks + 1 == WINDOW {
-                if (reused + m8.reused as u32) * 8 < frames + n as u32 {
-                    caps.pause = PAUSE;
-                    // The capture is stale once walks stop recording.
-                    caps.pair[caps.last & 1].n = 0;
-                }
-                caps.window = (0, 0, 0);
+            // The capture just made (or updated in place) is complete: keep it in the memo.
+            let made = &caps.pair[caps.last & 1];
+            if made.n > 0 && made.n <= MEMO_FRAMES {
+                caps.memo.last = caps.memo.insert(&start, lo, hi, objects.generation, made);
             }
+            account(caps, n, m8.reused as usize);
         }
     }
     n
@@ -1438,5 +1674,44 @@ mod tests {
         .join()
         .unwrap();
         assert!(depths.len() >= 7, "depths seen: {depths:?}");
+    }
+
+    #[inline(never)]
+    fn via_a(c: *mut Cache) -> usize {
+        std::hint::black_box(nest(std::hint::black_box(4), c, compare_here)) + 1
+    }
+
+    #[inline(never)]
+    fn via_b(c: *mut Cache) -> usize {
+        std::hint::black_box(nest(std::hint::black_box(4), c, compare_here)) + 2
+    }
+
+    /// Walks found in the memo give what full walks give, also when two callers reach the same
+    /// allocation site with the same registers (the same depth, frames of the same size): the
+    /// memo's entry for one caller fails its check for the other. And the memo is used: most
+    /// walks of a few repeated stacks are found there.
+    #[test]
+    fn memo_hits_equal_full_walks() {
+        rebuild();
+        set_stack_reuse(true);
+        let hits = std::thread::spawn(|| {
+            let c = new_cache();
+            assert!(!c.is_null());
+            for i in 0..400u32 {
+                match i % 4 {
+                    0 | 1 => via_a(c),
+                    2 => via_b(c),
+                    _ => nest(i % 3, c, compare_here),
+                };
+            }
+            // SAFETY: this thread's cache, made above; captures mapped since reuse is on.
+            let hits = unsafe { (*(*c).captures).hits };
+            // SAFETY: made above, not used again.
+            unsafe { free_cache(c) };
+            hits
+        })
+        .join()
+        .unwrap();
+        assert!(hits >= 300, "memo hits: {hits} of 400 walks");
     }
 }

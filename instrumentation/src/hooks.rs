@@ -212,6 +212,9 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     let fp = match start {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };
+    // The thread's CFI cache when the stack id may be kept in its memo (see below).
+    #[cfg(target_arch = "x86_64")]
+    let mut memo = None;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the cache is this thread's, and we are inside its reentrancy guard (called from
     // `enter`): no other reference to it exists during this capture.
@@ -220,18 +223,34 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
             let n = cfi_walk(start, hi, cache, frames);
             // Code of an object loaded since the list was built (a library's constructor,
             // running inside dlopen before the hook's refresh): rebuild and walk again.
-            if crate::dwarf::take_stale(cache) {
+            let n = if crate::dwarf::take_stale(cache) {
                 rewalk(t, start, hi, cache, frames)
             } else {
                 n
+            };
+            // Frames the walk found in its memo come with the id they were interned as,
+            // unless CPython's frames are spliced in (they are not part of the walk).
+            if !crate::python::may_splice() {
+                if let Some(id) = cache.memo_stack() {
+                    return id;
+                }
+                memo = Some(cache);
             }
+            n
         }
         (None, _) => walk(fp, hi, frames),
     };
     #[cfg(not(target_arch = "x86_64"))]
     let n = walk(fp, hi, frames);
     let n = crate::python::splice(g, t, frames, n);
-    intern(g, t, &frames[..n])
+    let id = intern(g, t, &frames[..n]);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(cache) = memo {
+        if id != u32::MAX {
+            cache.set_memo_stack(id);
+        }
+    }
+    id
 }
 
 /// A CFI walk from `start` (see [`crate::dwarf::walk`] and [`crate::dwarf::walk_from`]).

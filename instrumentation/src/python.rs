@@ -430,6 +430,13 @@ unsafe fn rd(p: usize, off: usize) -> usize {
     unsafe { std::ptr::read_volatile((p + off) as *const usize) }
 }
 
+/// Whether [`splice`] may change a stack (CPython's frames are being recorded): while it may
+/// not, a stack's id depends on its native frames only.
+#[inline]
+pub(crate) fn may_splice() -> bool {
+    STATE.load(Ordering::Relaxed) == ACTIVE
+}
+
 /// Splices the calling thread's Python frames into `frames[..n]` (native return addresses,
 /// leaf first) after each frame of `_PyEval_EvalFrameDefault`; returns the new depth (at most
 /// [`MAX_FRAMES`]; the root side is cut). A no-op unless the allocators are wrapped.
