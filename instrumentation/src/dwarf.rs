@@ -21,8 +21,13 @@
 //! registered cache names. So memory stays at the current list plus at most one old list per
 //! idle thread, not one list per `dlopen` (Python importing 500 extension modules).
 //!
+//! Each walk also looks in a memo of the thread's recent whole walks ([`Memo`]) and, failing
+//! that, reuses the outer frames of its previous one ([`Capture`]): both copy frames only after
+//! re-reading every stack word they depend on.
+//!
 //! Caches live in anonymous mappings, not in the program's heap (about 70 KiB per thread that
-//! allocates), and are released at thread exit; a thread that allocates after its exit
+//! allocates, and up to 78 KiB more of captures and memo, committed as they are first used),
+//! and are released at thread exit; a thread that allocates after its exit
 //! handler ran (another TLS destructor) walks by frame pointers instead of making a new one.
 //!
 //! Code with no CFI (generated code, objects without `.eh_frame_hdr`) is unwound as if it kept
@@ -179,8 +184,8 @@ pub struct Cache {
     /// of nearly every frame of code built with frame pointers, checked here first.
     fp_keys: [u64; FP_KEYS],
     ctx: UnwindContext<usize, Fixed>,
-    /// The last two captures (see [`Captures`]), in a mapping of their own; null when it
-    /// could not be mapped (every walk is then a full one).
+    /// The last two captures and the memo (see [`Captures`]), in a mapping of their own; null
+    /// when it could not be mapped (every walk is then a full one).
     captures: *mut Captures,
 }
 
@@ -327,6 +332,10 @@ struct Captures {
     window: (u32, u32, u32),
     /// Walks left that neither record nor reuse (see [`WINDOW`]).
     pause: u32,
+    /// Walks and memo hits in the memo's current window of [`WINDOW`] walks.
+    memo_window: (u32, u32),
+    /// Walks left that do not use the memo (see [`MEMO_KEEP`]).
+    memo_pause: u32,
     memo: Memo,
     /// Walks found in the memo (tests only: that the memo is used at all).
     #[cfg(test)]
@@ -369,7 +378,7 @@ struct MemoEntry {
     end_at: [u64; 2],
     end_val: [Option<u64>; 2],
     /// Frame k: its return address's slot (`val` is the frame's return address) and where its
-    /// caller's `rbp` was read from (`at` 0: not read).
+    /// caller's `rbp` was read from (the return address's slot again when it was not read).
     frames: [[Word; 2]; MEMO_FRAMES],
 }
 
@@ -385,13 +394,14 @@ struct MemoEntry {
 /// frame that left other words in any of those slots fails the check and the walk is made.
 #[repr(C)]
 struct Memo {
+    /// The entry the thread's last walk found or filled; `usize::MAX`: none. First: written
+    /// by every walk, it shares a cache line with the captures' counters, not with entries.
+    last: usize,
     /// Per set, a hash of each way's start (0: empty way).
     tags: [[u64; MEMO_WAYS]; MEMO_SETS],
     /// Per set, the way the next new entry replaces (round robin).
     next: [u8; MEMO_SETS],
     entries: [MemoEntry; MEMO_SETS * MEMO_WAYS],
-    /// The entry the thread's last walk found or filled; `usize::MAX`: none.
-    last: usize,
 }
 
 /// A start's tag (never 0) and set in the memo.
@@ -453,16 +463,16 @@ impl Memo {
         e.end_at = c.end_at;
         e.end_val = c.end_val;
         for k in 0..n {
-            e.frames[k] = [
-                Word {
-                    at: c.sp[k].wrapping_sub(8),
-                    val: c.out[k],
-                },
-                Word {
-                    at: c.bp_at[k],
-                    val: c.bp[k],
-                },
-            ];
+            let ret = Word {
+                at: c.sp[k].wrapping_sub(8),
+                val: c.out[k],
+            };
+            // A frame whose rule read no `rbp` checks its return address twice (no branch).
+            let bp = match c.bp_at[k] {
+                0 => ret,
+                at => Word { at, val: c.bp[k] },
+            };
+            e.frames[k] = [ret, bp];
         }
         self.tags[set][way] = tag;
         i
@@ -475,26 +485,56 @@ impl MemoEntry {
     /// is, the bounds being the same).
     #[inline(always)]
     fn holds(&self, lo: u64, hi: u64) -> bool {
-        let read = |a: u64| -> Option<u64> {
-            if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
-                // SAFETY: the address lies in this thread's mapped stack, above the stack
-                // pointer (the bounds the walk that read it had).
-                Some(unsafe { *(a as *const u64) })
-            } else {
-                None
-            }
-        };
+        // Every frame's words were read by the walk that made the entry (or checked by the
+        // reuse that stood in for it) within its bounds, which `find` has found equal to this
+        // walk's: they are read again without a bounds check, and compared all at once.
+        let mut diff = 0;
         for f in &self.frames[..(self.n as usize).min(MEMO_FRAMES)] {
-            if read(f[0].at) != Some(f[0].val) {
-                return false;
-            }
-            if f[1].at != 0 && read(f[1].at) != Some(f[1].val) {
-                return false;
+            for w in f {
+                debug_assert!(stack_word(w.at, lo, hi).is_some());
+                // SAFETY: `w.at` lies in `[lo, hi)` and is 8-aligned (see above), this
+                // thread's mapped stack above its stack pointer.
+                diff |= unsafe { *(w.at as *const u64) } ^ w.val;
             }
         }
-        (0..self.ends.min(2)).all(|k| read(self.end_at[k]) == self.end_val[k])
+        diff == 0
+            && (0..self.ends.min(2)).all(|k| stack_word(self.end_at[k], lo, hi) == self.end_val[k])
     }
 }
+
+/// The stack word at `a` when it lies in `[lo, hi)` and is 8-aligned, else `None` (nothing
+/// read): every stack read of a walk, and of the checks that stand in for one, goes through
+/// here. `[lo, hi)` must be mapped: the walking thread's stack from its current stack pointer
+/// up (see [`walk`]).
+#[inline(always)]
+fn stack_word(a: u64, lo: u64, hi: u64) -> Option<u64> {
+    if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
+        // SAFETY: the address lies in the mapped range `[lo, hi)` (the callers' contract: this
+        // thread's stack, above the stack pointer).
+        Some(unsafe { *(a as *const u64) })
+    } else {
+        None
+    }
+}
+
+/// Counts a walk that used the memo in its window; when fewer than [`MEMO_KEEP`] of the
+/// window's walks were found there, the memo is left alone for the next [`PAUSE`] walks.
+fn memo_account(caps: &mut Captures, hit: bool) {
+    let (walks, hits) = caps.memo_window;
+    let (walks, hits) = (walks + 1, hits + hit as u32);
+    caps.memo_window = (walks, hits);
+    if walks == WINDOW {
+        if hits < MEMO_KEEP {
+            caps.memo_pause = PAUSE;
+        }
+        caps.memo_window = (0, 0);
+    }
+}
+
+/// Memo hits a window of [`WINDOW`] walks needs for the memo to stay in use (three quarters):
+/// a miss costs a lookup and keeping the new walk (up to 1 KiB written), which many varied
+/// stacks do not repay (CPython 3.11, 57% hits: 9% more CPU with the memo than without).
+const MEMO_KEEP: u32 = WINDOW * 3 / 4;
 
 /// Counts a walk of `frames` frames, `reused` of them not walked, in the thread's window, and
 /// pauses recording captures when the window reused too little (see [`WINDOW`]).
@@ -938,32 +978,41 @@ fn unwind(
     }
     // The registers this walk starts from: the memo's key.
     let start = [key.unwrap_or(0), sp, bp];
-    // The previous capture (to reuse from) and the one this walk records.
+    // The previous capture (to reuse from) and the one this walk records. Looking for the
+    // previous capture (`matching`) and using the memo (`memo_on`) are paused apart, each
+    // where it does not pay; either needs this walk recorded.
     let mut caps = cache.captures;
+    let (mut matching, mut memo_on) = (false, false);
     if !caps.is_null() {
         // SAFETY: the thread's own captures, used by this walk only.
         let c = unsafe { &mut *caps };
         if REUSE.load(Ordering::Relaxed) {
-            if let Some(i) = c.memo.find(&start, lo, hi, objects.generation) {
-                let e = &c.memo.entries[i];
-                let n = e.n as usize;
-                for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
-                    *o = f[0].val;
+            if c.memo_pause > 0 {
+                c.memo_pause -= 1;
+            } else {
+                memo_on = true;
+                if let Some(i) = c.memo.find(&start, lo, hi, objects.generation) {
+                    let e = &c.memo.entries[i];
+                    let n = e.n as usize;
+                    for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
+                        *o = f[0].val;
+                    }
+                    c.memo.last = i;
+                    #[cfg(test)]
+                    {
+                        c.hits += 1;
+                    }
+                    memo_account(c, true);
+                    return n;
                 }
-                c.memo.last = i;
-                #[cfg(test)]
-                {
-                    c.hits += 1;
-                }
-                c.pause = c.pause.saturating_sub(1);
-                account(c, n, n);
-                return n;
+            }
+            if c.pause > 0 {
+                c.pause -= 1;
+            } else {
+                matching = true;
             }
         }
-        if !REUSE.load(Ordering::Relaxed) {
-            caps = std::ptr::null_mut();
-        } else if c.pause > 0 {
-            c.pause -= 1;
+        if !matching && !memo_on {
             caps = std::ptr::null_mut();
         }
     }
@@ -981,7 +1030,7 @@ fn unwind(
         }
     };
     let mut m8 = Matcher {
-        on: !last.is_null() && {
+        on: matching && !last.is_null() && {
             // SAFETY: `last` is not null here, and a capture no one writes during this walk.
             let l = unsafe { &*last };
             l.n > 0 && l.n < MAX_FRAMES && l.hi == hi && l.generation == objects.generation
@@ -999,14 +1048,7 @@ fn unwind(
         // SAFETY: the capture being recorded, written by this walk only.
         unsafe { (*cur).ends = 0 };
     }
-    let read = |a: u64| -> Option<u64> {
-        if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
-            // SAFETY: the address lies in this thread's mapped stack, above the stack pointer.
-            Some(unsafe { *(a as *const u64) })
-        } else {
-            None
-        }
-    };
+    let read = |a: u64| stack_word(a, lo, hi);
     // Records a word read by the step that ends the walk.
     let end = |at: u64, val: Option<u64>| {
         if !cur.is_null() {
@@ -1173,12 +1215,17 @@ fn unwind(
                 (*caps).last ^= 1;
             }
             let caps = &mut *caps;
-            // The capture just made (or updated in place) is complete: keep it in the memo.
-            let made = &caps.pair[caps.last & 1];
-            if made.n > 0 && made.n <= MEMO_FRAMES {
-                caps.memo.last = caps.memo.insert(&start, lo, hi, objects.generation, made);
+            if memo_on {
+                // The capture just made (or updated in place) is complete: keep it in the memo.
+                let made = &caps.pair[caps.last & 1];
+                if made.n > 0 && made.n <= MEMO_FRAMES {
+                    caps.memo.last = caps.memo.insert(&start, lo, hi, objects.generation, made);
+                }
+                memo_account(caps, false);
             }
-            account(caps, n, m8.reused as usize);
+            if matching {
+                account(caps, n, m8.reused as usize);
+            }
         }
     }
     n
@@ -1304,15 +1351,7 @@ fn reuse(
     out: &mut [u64; MAX_FRAMES],
     cur: &mut Capture,
 ) -> Result<usize, usize> {
-    let read = |a: u64| -> Option<u64> {
-        if a >= lo && a <= hi.wrapping_sub(8) && a.is_multiple_of(8) {
-            // SAFETY: checked as the walk checks its reads: inside this thread's mapped
-            // stack, above the stack pointer.
-            Some(unsafe { *(a as *const u64) })
-        } else {
-            None
-        }
-    };
+    let read = |a: u64| stack_word(a, lo, hi);
     for k in c + 1..l.n {
         if read(l.sp[k].wrapping_sub(8)) != Some(l.out[k]) {
             return Err(k);

@@ -244,9 +244,11 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     let n = walk(fp, hi, frames);
     let n = crate::python::splice(g, t, frames, n);
     let id = intern(g, t, &frames[..n]);
+    // Kept only when nothing was spliced in: CPython's frames were not being recorded before
+    // the splice (checked above) nor after it.
     #[cfg(target_arch = "x86_64")]
     if let Some(cache) = memo {
-        if id != u32::MAX {
+        if id != u32::MAX && !crate::python::may_splice() {
             cache.set_memo_stack(id);
         }
     }
