@@ -44,6 +44,17 @@ What it does, in order:
    --every 1s` for --continuous-seconds (60), in the collector's session and in one of its own:
    the region's record high-water per live block, and the first vs last snapshots' lease, wait
    and wall time; then bench/latency.c with THREADS=32 over 160,000 blocks, as in 7.
+9. Interleaved A/B (section "ab"), for before/after claims on a noisy host: the storm (at each
+   --threads count), bench/phases.c (8 threads) and CPython with PYTHONMALLOC=malloc, bare and
+   under the shim, --rounds rounds, each shim run right after a bare run of its own; per
+   workload the median of the pairs' ratios and min(shim) / min(bare), CPU (user+sys) for the
+   storm and CPython, the program's own phase times for phases. With --shim-b PATH a second
+   shim build (e.g. an older commit's) runs in the same rounds, rows "shim B".
+10. Instruction counts (section "instructions"; valgrind, apt-get installed when root unless
+   --no-install): `valgrind --tool=cachegrind --cache-sim=yes` of the storm (1 thread, 200,000
+   ops), `phases 4 100000` and CPython (PYTHONMALLOC=malloc, PYTHONHASHSEED=0, 2,000
+   iterations), bare, under the shim and under --shim-b: instructions and L1 data misses,
+   deterministic where timing on a shared VM is not.
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
 user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
@@ -1679,6 +1690,217 @@ def section_continuous(args, exes):
     return out + lat_rows + [""] + [f"- {n}" for n in lat_notes] + [""]
 
 
+# --------------------------------------------------------------------------------------------
+# Interleaved A/B (section "ab") and instruction counts (section "instructions")
+# --------------------------------------------------------------------------------------------
+
+SHIM_B = None  # --shim-b: a second shim build (e.g. an older commit's), frozen like SHIM
+
+
+def freeze_shim_b(path):
+    """Copy --shim-b's library into target/bench/ and use the copy (as freeze_heapdump_build
+    does for SHIM). Returns a line describing it for the report."""
+    global SHIM_B
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        sys.exit(f"--shim-b {path} does not exist")
+    frozen = os.path.join(BUILD_DIR, "heapdump-under-test", "shim-b")
+    os.makedirs(frozen, exist_ok=True)
+    SHIM_B = os.path.join(frozen, os.path.basename(path))
+    shutil.copy2(path, SHIM_B)
+    built = datetime.datetime.fromtimestamp(os.stat(path).st_mtime).astimezone()
+    return f"shim B (--shim-b): {path} built {built:%Y-%m-%d %H:%M:%S %Z} (copied at start)"
+
+
+def shim_builds():
+    """[(label, path)]: the shim under test, and --shim-b's when given."""
+    return [("shim", SHIM)] + ([("shim B", SHIM_B)] if SHIM_B else [])
+
+
+def run_variant(argv, extra_env, shim, args, prefix=()):
+    """One run of argv with extra_env: bare (shim None) or with LD_PRELOAD=shim and a fresh
+    HEAPDUMP_DIR under /dev/shm, removed afterwards. prefix puts a tool in front of argv
+    (valgrind), which gets the same environment, LD_PRELOAD included."""
+    tmp = tempfile.mkdtemp(prefix="heapdump-bench-", dir=shm_dir())
+    try:
+        env = dict(base_env(), **extra_env)
+        if shim:
+            env.update(LD_PRELOAD=shim, HEAPDUMP_DIR=tmp)
+        return run_measured(list(prefix) + list(argv), env, tmp, args.timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def python_for_bench(args):
+    """Debian's CPython (installed when allowed), or None."""
+    py = find_debian_python()
+    if not py:
+        msg = install_missing(["python3"], not args.no_install)
+        if msg:
+            log(msg)
+        py = find_debian_python()
+    return py
+
+
+def phase_seconds(res):
+    """bench/phases.c's allocation + free phase times (the inverse of its throughput)."""
+    m = PHASES_RE.search(res.stdout) if res.ok else None
+    return float(m.group(1)) + float(m.group(2)) if m else None
+
+
+def section_ab(args, exes, threads):
+    """Interleaved A/B: each round runs, per workload, the bare program then the program under
+    the shim (and again bare then under --shim-b), so every shim run has a bare run just
+    before it; medians of the per-pair ratios and the ratio of the minimums, which a host
+    that slows everything down for minutes at a time moves far less than single ratios."""
+    py = python_for_bench(args)
+    workloads = [(f"storm, {t} thread{'s' if t != '1' else ''}",
+                  [exes["storm"], t, str(args.storm_ops)], {}, "CPU s", lambda r: r.cpu)
+                 for t in threads]
+    workloads.append(("phases, 8 threads", [exes["phases"], "8", str(args.phase_blocks)], {},
+                      "phase s (alloc + free)", phase_seconds))
+    if py:
+        workloads.append(("CPython, PYTHONMALLOC=malloc",
+                          [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters)],
+                          {"PYTHONMALLOC": "malloc"}, "CPU s", lambda r: r.cpu))
+    builds = shim_builds()
+    # results[workload][label] = [(bare value, shim value)], one per round
+    results = {w[0]: {label: [] for label, _ in builds} for w in workloads}
+    errors = []
+    for rnd in range(args.rounds):
+        order = builds[rnd % len(builds):] + builds[:rnd % len(builds)]
+        for name, argv, extra, _, value in workloads:
+            for label, shim in order:
+                b = run_variant(argv, extra, None, args)
+                x = run_variant(argv, extra, shim, args)
+                vb, vx = value(b), value(x)
+                if vb and vx:
+                    results[name][label].append((vb, vx))
+                else:
+                    errors.append(f"{name}, {label}, round {rnd + 1}: "
+                                  f"{(b.error or x.error) or 'no phase times in the output'}")
+                log(f"ab round {rnd + 1}/{args.rounds} {name}: bare {b!r} vs {label} {x!r}")
+
+    lines = ["| workload | measure | run | × bare, median of pairs | × bare, min / min | "
+             "pairs, lowest–highest | bare min s | bare median s |",
+             "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for name, _, _, measure, _ in workloads:
+        bares = [b for label, _ in builds for b, _ in results[name][label]]
+        for label, _ in builds:
+            pairs = results[name][label]
+            if not pairs:
+                lines.append(f"| {name} | {measure} | {label} | failed | | | | |")
+                continue
+            ratios = [x / b for b, x in pairs]
+            lines.append(f"| {name} | {measure} | {label} | {statistics.median(ratios):.2f} | "
+                         f"{min(x for _, x in pairs) / min(bares):.2f} | {min(ratios):.2f}–"
+                         f"{max(ratios):.2f} | {min(bares):.3f} | "
+                         f"{statistics.median(bares):.3f} |")
+        if SHIM_B and all(results[name][label] for label, _ in builds):
+            a, b = results[name]["shim"], results[name]["shim B"]
+            per_round = [(xa / ba) / (xb / bb) for (ba, xa), (bb, xb) in zip(a, b)]
+            notes.append(f"{name}: shim / shim B: median of the rounds' ratios of their pair "
+                         f"ratios {statistics.median(per_round):.2f}, min / min "
+                         f"{min(x for _, x in a) / min(x for _, x in b):.2f}")
+    if not py:
+        notes.append("CPython: skipped: Debian's /usr/bin/python3 is missing")
+    notes += errors
+    shims = "the shim" + (" and shim B (--shim-b)" if SHIM_B else "")
+    out = [f"## Interleaved A/B (storm {args.storm_ops} ops per thread, phases 8 × "
+           f"{args.phase_blocks}, py_workload.py {args.py_iters}; {args.rounds} rounds)", "",
+           f"Each round runs every workload bare, then under {shims}, each shim run right after "
+           "a bare run of its own (the order of the builds alternates between rounds). CPU = "
+           "user + sys from wait4; phases uses the program's own allocation + free phase times "
+           "(its throughput's inverse). × bare: the median over rounds of shim / the bare run "
+           "just before it, and the fastest shim run / the fastest bare run (bare min and "
+           "median over all bare runs of the workload). A host that slows down for minutes "
+           "slows a pair's two runs together; the minimums are the runs it slowed least.", ""]
+    return out + lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+
+
+CG_IREFS_RE = re.compile(r"I\s+refs:\s+([\d,]+)")
+CG_D1_RE = re.compile(r"D1\s+misses:\s+([\d,]+)")
+
+
+def cachegrind_totals(out_file, stderr):
+    """(instructions, D1 misses, D1 geometry) of a cachegrind run: the out file's "summary:"
+    line (events Ir, D1mr, D1mw), else the totals valgrind printed on stderr."""
+    try:
+        with open(out_file, errors="replace") as f:
+            text = f.read()
+        events = re.search(r"^events:\s+(.*)$", text, re.M).group(1).split()
+        summary = [int(v) for v in re.search(r"^summary:\s+(.*)$", text, re.M).group(1).split()]
+        tot = dict(zip(events, summary))
+        desc = re.search(r"^desc: D1 cache:\s+(.*)$", text, re.M)
+        return (tot["Ir"], tot.get("D1mr", 0) + tot.get("D1mw", 0),
+                desc.group(1).strip() if desc else None)
+    except (OSError, AttributeError, KeyError, ValueError):
+        pass
+    i, d = CG_IREFS_RE.search(stderr), CG_D1_RE.search(stderr)
+    if not i:
+        return None, None, None
+    return (int(i.group(1).replace(",", "")),
+            int(d.group(1).replace(",", "")) if d else None, None)
+
+
+def section_instructions(args, exes):
+    """Instructions and L1 data misses counted by cachegrind (deterministic: the host's noise
+    does not reach them), bare and under each shim build."""
+    title = "## Instruction counts (valgrind --tool=cachegrind --cache-sim=yes)"
+    if not shutil.which("valgrind"):
+        msg = install_missing(["valgrind"], not args.no_install)
+        if msg:
+            log(msg)
+    if not shutil.which("valgrind"):
+        return [title, "", "skipped: valgrind not installed", ""]
+    py = python_for_bench(args)
+    workloads = [("storm, 1 thread, 200000 ops", [exes["storm"], "1", "200000"], {}),
+                 ("phases 4 100000", [exes["phases"], "4", "100000"], {})]
+    if py:
+        workloads.append(("CPython, PYTHONMALLOC=malloc, py_workload.py 2000",
+                          [py, os.path.join(BENCH_SRC, "py_workload.py"), "2000"],
+                          {"PYTHONMALLOC": "malloc", "PYTHONHASHSEED": "0"}))
+    lines = ["| workload | run | instructions | × bare | D1 misses | D1 misses × bare |",
+             "|---|---|---|---|---|---|"]
+    notes = []
+    d1_desc = None
+    for name, argv, extra in workloads:
+        bare = None
+        for label, shim in [("bare", None)] + shim_builds():
+            with tempfile.TemporaryDirectory(prefix="heapdump-cachegrind-",
+                                             dir=shm_dir()) as cgdir:
+                out_file = os.path.join(cgdir, "cachegrind.out")
+                res = run_variant(argv, extra, shim, args,
+                                  prefix=["valgrind", "--tool=cachegrind", "--cache-sim=yes",
+                                          "--cachegrind-out-file=" + out_file])
+                ir, d1, desc = (cachegrind_totals(out_file, res.stderr) if res.ok
+                                else (None, None, None))
+            d1_desc = d1_desc or desc
+            log(f"instructions {name}: {label}: "
+                f"{res.error or f'{ir} instructions, {d1} D1 misses'}")
+            if ir is None:
+                lines.append(f"| {name} | {label} | failed: {res.error or 'no totals'} | | | |")
+                continue
+            if label == "bare":
+                bare = (ir, d1)
+            ratio = f"{ir / bare[0]:.2f}" if bare else "—"
+            d1_ratio = f"{d1 / bare[1]:.2f}" if bare and bare[1] and d1 is not None else "—"
+            d1_cell = f"{d1 / 1e6:.2f} M" if d1 is not None else "—"
+            lines.append(f"| {name} | {label} | {ir / 1e6:.1f} M | {ratio} | {d1_cell} | "
+                         f"{d1_ratio} |")
+    if not py:
+        notes.append("CPython: skipped: Debian's /usr/bin/python3 is missing")
+    if d1_desc:
+        notes.append(f"cachegrind's simulated D1 cache: {d1_desc}")
+    out = [title, "",
+           "Counted by valgrind (one run each; the counts do not depend on the host's speed or "
+           "load, and valgrind runs the threads one at a time): instructions executed (I refs) and L1 "
+           "data misses (reads + writes) of the whole process, bare and with LD_PRELOAD set "
+           "to each shim build (HEAPDUMP_DIR under /dev/shm).", ""]
+    return out + lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="heapdump benchmark harness: overhead against heaptrack and jemalloc's "
@@ -1709,7 +1931,8 @@ def main():
                     help="never apt-get install missing peers (heaptrack, libjemalloc2)")
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, storm, phases, where, rust, python, "
-                         "snapshot, graph, threads, continuous, latency, footprint")
+                         "snapshot, graph, threads, continuous, latency, footprint, ab, "
+                         "instructions")
     ap.add_argument("--continuous-seconds", type=int, default=60,
                     help="length of the continuous section's `heapdump watch --every 1s` runs "
                          "(snapshots of a 32-thread churning target; default 60)")
@@ -1719,6 +1942,9 @@ def main():
     ap.add_argument("--shim", default=None,
                     help="libheapdump.so to measure instead of target/release's (e.g. an older "
                          "build, for a before/after comparison)")
+    ap.add_argument("--shim-b", default=None, metavar="PATH",
+                    help="a second libheapdump.so (e.g. an older commit's build) run in the same "
+                         "rounds as the shim by the sections ab and instructions: rows \"shim B\"")
     args = ap.parse_args()
     if args.rounds < 1 or args.ops < 0 or args.py_iters < 0 or args.blocks < 1:
         ap.error("--rounds, --ops, --py-iters and --blocks must be positive")
@@ -1736,6 +1962,8 @@ def main():
     load = BackgroundLoad()
     machine = machine_lines()  # before anything runs: the load average at start
     build_line = freeze_heapdump_build()
+    if args.shim_b:
+        build_line += f"\n- {freeze_shim_b(args.shim_b)}"
     exes = build(args.cc)
     peers, setup_notes = setup_peers(args, exes)
 
@@ -1759,6 +1987,8 @@ def main():
         ("continuous", lambda: section_continuous(args, exes)),
         ("latency", lambda: section_latency(args, exes)),
         ("footprint", lambda: section_footprint(args, exes)),
+        ("ab", lambda: section_ab(args, exes, threads)),
+        ("instructions", lambda: section_instructions(args, exes)),
     ]
     for name, fn in sections:
         if name in skip:
