@@ -123,7 +123,7 @@ fn full_tmpfs_never_kills_the_target() {
 /// A6: the allocation functions at their edges (odd alignments, huge sizes, errno around
 /// `free` and failing calls) and what a program sees of its blocks (usable sizes, alignment,
 /// realloc in place and moved, calloc zeroing, blocks from glibc's `__libc_malloc` freed
-/// through the shim) behave exactly as bare glibc's, in the same run: with block headers (the
+/// through the shim) behave exactly as bare glibc's, in the same run: with block trailers (the
 /// default) and without (`HEAPDUMP_BLOCK_HEADERS=0`).
 #[test]
 fn edge_cases_behave_as_bare_glibc() {
@@ -154,13 +154,18 @@ fn edge_cases_behave_as_bare_glibc() {
         let list = list_json(&dir);
         assert_eq!(list.len(), 1, "{list:?}");
         assert!(list[0]["allocations"].as_u64().unwrap() >= 50, "{list:?}");
-        // And the blocks had headers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes
-        // into its page bare, 32 with a block header.
+        // And the blocks had trailers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes
+        // into its page either way (the program's block is glibc's), and has 4,080 usable
+        // bytes beyond the 1 MiB bare (glibc's page rounding), 8 fewer with a block trailer.
         let offset = run(Some(&shim()), headers, "offset").0;
-        let want = if headers == "1" { "32\n" } else { "16\n" };
+        let want = if headers == "1" {
+            "16 4072\n"
+        } else {
+            "16 4080\n"
+        };
         assert_eq!(offset, want, "HEAPDUMP_BLOCK_HEADERS={headers}");
     }
-    assert_eq!(run(None, "1", "offset").0, "16\n");
+    assert_eq!(run(None, "1", "offset").0, "16 4080\n");
 }
 
 fn mode_of(p: &Path) -> u32 {

@@ -2,7 +2,8 @@
 // errno around free) and prints one line per call with what the caller can observe: whether
 // a pointer came back, the return value, errno — and what a program sees of its blocks
 // (usable sizes, alignment, realloc and calloc contents). Run bare and under the shim, the
-// output must be identical. With the argument "offset": where a big block starts in its page.
+// output must be identical. With the argument "offset": where a big block starts in its page,
+// and how many usable bytes it has beyond those asked for.
 #include <errno.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -34,8 +35,9 @@ static void fill(unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 7 + 1);
 }
 
-// What a program sees of its blocks: usable sizes (small chunks: exact), the whole usable
-// area writable (glibc checks its chunk headers at free), alignment, realloc keeping the
+// What a program sees of its blocks: usable sizes (at least what was asked for, less than 32
+// bytes more), the whole usable area writable (glibc checks its chunk headers at free, and the
+// shim finds its block trailers after it), alignment, realloc keeping the
 // contents in place and moved, calloc zeroing reused memory, realloc(p, 0), and blocks the
 // shim did not allocate (glibc's own __libc_malloc) freed through free().
 static void block_semantics(void) {
@@ -44,7 +46,8 @@ static void block_semantics(void) {
         unsigned char *p = malloc(small[i]);
         size_t u = malloc_usable_size(p);
         memset(p, 0xab, u);
-        printf("malloc_usable_size(malloc(%zu)) = %zu\n", small[i], u);
+        printf("malloc_usable_size(malloc(%zu)) in [%zu, %zu): %s\n", small[i], small[i],
+               small[i] + 32, u >= small[i] && u < small[i] + 32 ? "yes" : "no");
         free(p);
     }
     const size_t big[] = {200000, 1 << 20, 10 << 20};
@@ -118,10 +121,12 @@ static void block_semantics(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "offset") == 0) {
-        // Where a block above the mmap threshold starts in its page: 16 bytes of glibc's chunk
-        // header before it, and under heapdump's block headers 16 more.
+        // Where a block above the mmap threshold starts in its page (16 bytes of glibc's chunk
+        // header before it), and its usable bytes beyond those asked for (glibc's page
+        // rounding, less the 8 bytes of a heapdump block trailer).
         void *big = malloc(1 << 20);
-        printf("%lu\n", (unsigned long)((uintptr_t)big & 4095));
+        printf("%lu %zu\n", (unsigned long)((uintptr_t)big & 4095),
+               malloc_usable_size(big) - (1 << 20));
         free(big);
         return 0;
     }

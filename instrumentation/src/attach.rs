@@ -289,7 +289,8 @@ fn restart(marker_pc: u64) -> Result<Started, AttachError> {
     // the records are kept as they are.
     if started.heap_not_walked.is_none() {
         for &addr in close.as_slice() {
-            if crate::hooks::enter(|g, t| crate::hooks::erase_deferred(g, t, addr)).is_some() {
+            if crate::hooks::enter(|g, t| crate::hooks::erase_deferred(g, t, addr, false)).is_some()
+            {
                 started.closed += 1;
             }
         }

@@ -161,93 +161,63 @@ pub(crate) extern "C" fn fork_child() {
     });
 }
 
-/// Marks in `live` the records (below `cursor`) of blocks that have a header naming them in
-/// this child's memory, a copy of the parent's at the fork: the blocks live at the fork whose
-/// record number is kept next to them (see [`crate::header`]), as the index holds the others.
+/// Marks in `live` the records (below `cursor`) of blocks that have a header or a trailer
+/// naming them in this child's memory, a copy of the parent's at the fork: the blocks live at
+/// the fork whose record number is kept next to them (see [`crate::header`] and
+/// [`crate::trailer`]), as the index holds the others.
 ///
-/// A free clears the header's record number before the record is stamped freed, and the tag
-/// before glibc gets the block back, so a header names a record exactly while the block is
-/// recorded. Candidates are the records allocated at or before the fork and not freed before
-/// it; the parent goes on running, so their addresses may be anything by now: the headers are
-/// read with `process_vm_readv` on this process, which fails on unmapped memory instead of
-/// faulting (where it is refused, through a pipe: [`check_by_pipe`]).
-/// [`mark_headed`]'s check where `process_vm_readv` is refused: each header is written into a
-/// pipe (`write` fails with EFAULT on unmapped memory instead of faulting) and read back.
-fn check_by_pipe(nodes: &[u32], addrs: &[u64], live: &mut [u64]) {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a writable array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return;
-    }
-    for (&node, &a) in nodes.iter().zip(addrs) {
-        let mut words = [0u64; 2];
-        // SAFETY: the kernel reads 16 bytes at `a - 16` or fails with EFAULT; the pipe's
-        // buffer holds them (it is emptied after each write).
-        let wrote = unsafe { libc::write(fds[1], (a - 16) as *const libc::c_void, 16) };
-        if wrote != 16 {
-            continue;
-        }
-        // SAFETY: reading the 16 bytes just written into a local buffer.
-        let got = unsafe { libc::read(fds[0], words.as_mut_ptr() as *mut libc::c_void, 16) };
-        if got == 16 && crate::header::decode(a, words).map(|h| h.0) == Some(node) {
-            live[node as usize / 64] |= 1 << (node % 64);
-        }
-    }
-    // SAFETY: closing the pipe made above.
-    unsafe {
-        libc::close(fds[0]);
-        libc::close(fds[1]);
-    }
-}
-
+/// A free clears the record number before the record is stamped freed, and the tag before
+/// glibc gets the block back, so a header or trailer names a record exactly while the block
+/// is recorded. Candidates are the records allocated at or before the fork and not freed
+/// before it; the parent goes on running, so their addresses may be anything by now: the words
+/// are read with `process_vm_readv` on this process, which fails on unmapped memory instead of
+/// faulting (where it is refused, through a pipe: [`read_by_pipe`]).
 fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u64]) {
     const BATCH: usize = 128;
     let mut nodes = [0u32; BATCH];
     let mut addrs = [0u64; BATCH];
     let mut k = 0;
     let check = |nodes: &[u32], addrs: &[u64], live: &mut [u64]| {
+        let mut at = [0u64; BATCH];
         let mut words = [[0u64; 2]; BATCH];
-        let mut from = 0;
-        while from < nodes.len() {
-            let local: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
-                iov_base: words[j].as_mut_ptr() as *mut libc::c_void,
-                iov_len: 16,
-            });
-            let remote: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
-                iov_base: addrs.get(j).map_or(0, |a| a - 16) as *mut libc::c_void,
-                iov_len: 16,
-            });
-            let n = nodes.len() - from;
-            // SAFETY: `local` points at `words`, writable, 16 bytes an entry; the remote
-            // ranges are only read by the kernel, which fails on unmapped ones.
-            let got = unsafe {
-                libc::process_vm_readv(
-                    libc::getpid(),
-                    local[from..].as_ptr(),
-                    n as libc::c_ulong,
-                    remote[from..].as_ptr(),
-                    n as libc::c_ulong,
-                    0,
-                )
-            };
-            if got < 0 {
-                // SAFETY: reading errno, just set by the failed call.
-                let e = unsafe { *libc::__errno_location() };
-                if e != libc::EFAULT {
-                    // Refused (a seccomp filter, as containers' default one without
-                    // CAP_SYS_PTRACE): one header at a time through a pipe instead.
-                    check_by_pipe(&nodes[from..], &addrs[from..], live);
-                    return;
+        let mut ok = [false; BATCH];
+        let n = nodes.len();
+        let mark = |j: usize, live: &mut [u64]| {
+            live[nodes[j] as usize / 64] |= 1 << (nodes[j] % 64);
+        };
+        if crate::header::on() {
+            for j in 0..n {
+                at[j] = addrs[j] - 16;
+            }
+            read_each(&at[..n], 16, &mut words[..n], &mut ok[..n]);
+            for j in 0..n {
+                if ok[j] && crate::header::decode(addrs[j], words[j]).map(|h| h.0) == Some(nodes[j])
+                {
+                    mark(j, live);
                 }
             }
-            // Whole entries read; the one after them failed (unmapped) and is skipped.
-            let whole = if got < 0 { 0 } else { got as usize / 16 };
-            for j in from..from + whole.min(n) {
-                if crate::header::decode(addrs[j], words[j]).map(|h| h.0) == Some(nodes[j]) {
-                    live[nodes[j] as usize / 64] |= 1 << (nodes[j] % 64);
+        }
+        if crate::trailer::on() {
+            // glibc's chunk header first, then the trailer it places.
+            for j in 0..n {
+                at[j] = addrs[j] - 8;
+            }
+            read_each(&at[..n], 8, &mut words[..n], &mut ok[..n]);
+            for j in 0..n {
+                at[j] = match (ok[j], crate::trailer::usable_from(addrs[j], words[j][0])) {
+                    (true, Some(u)) if u >= 8 => addrs[j] + u - 8,
+                    _ => 0,
+                };
+            }
+            read_each(&at[..n], 8, &mut words[..n], &mut ok[..n]);
+            for j in 0..n {
+                if ok[j]
+                    && at[j] != 0
+                    && crate::trailer::decode(addrs[j], words[j][0]) == Some(nodes[j])
+                {
+                    mark(j, live);
                 }
             }
-            from += whole + 1;
         }
     };
     for i in 0..cursor as u32 {
@@ -270,6 +240,93 @@ fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u
         }
     }
     check(&nodes[..k], &addrs[..k], live);
+}
+
+/// Reads `len` (8 or 16) bytes at each address of `at` into `words` (0: skipped), setting
+/// `ok[j]` where the read succeeded: with `process_vm_readv` on this process, which fails on
+/// unmapped memory instead of faulting, or where that is refused (a seccomp filter, as
+/// containers' default one without CAP_SYS_PTRACE) through a pipe ([`read_by_pipe`]).
+fn read_each(at: &[u64], len: usize, words: &mut [[u64; 2]], ok: &mut [bool]) {
+    const BATCH: usize = 128;
+    let n = at.len().min(BATCH);
+    ok[..n].fill(false);
+    let local: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
+        iov_base: words
+            .get_mut(j)
+            .map_or(std::ptr::null_mut(), |w| w.as_mut_ptr())
+            as *mut libc::c_void,
+        iov_len: len,
+    });
+    let remote: [libc::iovec; BATCH] = std::array::from_fn(|j| libc::iovec {
+        iov_base: at.get(j).copied().unwrap_or(0) as *mut libc::c_void,
+        iov_len: len,
+    });
+    let mut from = 0;
+    while from < n {
+        // A zero address stands for "nothing to read": skipped.
+        if at[from] == 0 {
+            from += 1;
+            continue;
+        }
+        // Up to the next zero address.
+        let to = (from..n).find(|&j| at[j] == 0).unwrap_or(n);
+        let count = to - from;
+        // SAFETY: `local` points at `words`, writable, `len` (<= 16) bytes an entry; the remote
+        // ranges are only read by the kernel, which fails on unmapped ones.
+        let got = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                local[from..].as_ptr(),
+                count as libc::c_ulong,
+                remote[from..].as_ptr(),
+                count as libc::c_ulong,
+                0,
+            )
+        };
+        if got < 0 {
+            // SAFETY: reading errno, just set by the failed call.
+            let e = unsafe { *libc::__errno_location() };
+            if e != libc::EFAULT {
+                read_by_pipe(&at[from..n], len, &mut words[from..n], &mut ok[from..n]);
+                return;
+            }
+        }
+        // Whole entries read; the one after them failed (unmapped) and is skipped.
+        let whole = if got < 0 { 0 } else { got as usize / len };
+        for o in &mut ok[from..from + whole.min(count)] {
+            *o = true;
+        }
+        from += whole + 1;
+    }
+}
+
+/// [`read_each`]'s reads where `process_vm_readv` is refused: each range is written into a
+/// pipe (`write` fails with EFAULT on unmapped memory instead of faulting) and read back.
+fn read_by_pipe(at: &[u64], len: usize, words: &mut [[u64; 2]], ok: &mut [bool]) {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a writable array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    for j in 0..at.len() {
+        if at[j] == 0 {
+            continue;
+        }
+        // SAFETY: the kernel reads `len` bytes at `at[j]` or fails with EFAULT; the pipe's
+        // buffer holds them (it is emptied after each write).
+        let wrote = unsafe { libc::write(fds[1], at[j] as *const libc::c_void, len) };
+        if wrote != len as isize {
+            continue;
+        }
+        // SAFETY: reading the bytes just written into an entry of `words` (16 bytes).
+        let got = unsafe { libc::read(fds[0], words[j].as_mut_ptr() as *mut libc::c_void, len) };
+        ok[j] = got == len as isize;
+    }
+    // SAFETY: closing the pipe made above.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
 }
 
 pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
@@ -322,7 +379,7 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
                 live[i as usize / 64] |= 1 << (i % 64);
             }
         }
-        if crate::header::on() {
+        if crate::header::on() || crate::trailer::on() {
             mark_headed(&parent, cursor, fork_time, live);
         }
         let live = &*live;

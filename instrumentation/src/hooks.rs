@@ -10,6 +10,7 @@ use crate::header;
 use crate::python::{self, Wrappers};
 use crate::shared;
 use crate::state::{self, acquire_slot, recycle_node, take_node, tick, Global, Tls};
+use crate::trailer;
 use crate::unwind::{hash_frames, walk, Start};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -27,7 +28,20 @@ pub fn record_alloc(ptr: *mut u8, size: usize, fp: usize) {
 /// Records a new block `ptr` of `size` requested bytes, its stack captured from `start`.
 #[inline]
 pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
-    record_alloc_as(ptr, size, start, false);
+    record_alloc_as(ptr, size, start, false, 0);
+}
+
+/// [`record_alloc`] of a block with a trailer at `at` (see [`trailer`]), written as
+/// [`trailer::NONE`]: the record number goes there instead of into the address index.
+#[inline]
+pub fn record_alloc_trailed(ptr: *mut u8, size: usize, fp: usize, at: u64) {
+    record_alloc_as(ptr, size, Start::FramePointer(fp), false, at);
+}
+
+/// [`record_realloc`] of a block with a trailer at `at` (as [`record_alloc_trailed`]).
+#[inline]
+pub fn record_realloc_trailed(ptr: *mut u8, size: usize, fp: usize, at: u64) {
+    record_alloc_as(ptr, size, Start::FramePointer(fp), true, at);
 }
 
 /// Records the block `realloc` made of a block that had a record (`fp` as in
@@ -37,7 +51,7 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
 /// and stays recorded at its new address.
 #[inline]
 pub fn record_realloc(ptr: *mut u8, size: usize, fp: usize) {
-    record_alloc_as(ptr, size, Start::FramePointer(fp), true);
+    record_alloc_as(ptr, size, Start::FramePointer(fp), true, 0);
 }
 
 /// Sampling mode with block headers ([`header::sampled_only`]): whether the allocation of
@@ -50,17 +64,18 @@ pub fn sample_next(size: usize) -> bool {
 }
 
 /// Records block `ptr` that [`sample_next`] sampled (`fp` as in [`record_alloc`];
-/// `forwarded` as for [`record_realloc`]: it replaces a recorded block).
+/// `forwarded` as for [`record_realloc`]: it replaces a recorded block; `at` as for
+/// [`record_alloc_trailed`], 0 without a trailer).
 #[inline]
-pub fn record_sampled(ptr: *mut u8, size: usize, fp: usize, forwarded: bool) {
+pub fn record_sampled(ptr: *mut u8, size: usize, fp: usize, forwarded: bool, at: u64) {
     if ptr.is_null() {
         return;
     }
-    record_chosen(ptr, size, Start::FramePointer(fp), forwarded);
+    record_chosen(ptr, size, Start::FramePointer(fp), forwarded, at);
 }
 
 #[inline(always)]
-fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
+fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool, at: u64) {
     if ptr.is_null() {
         return;
     }
@@ -69,14 +84,22 @@ fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
     if interval != 0 && !state::sample(size as u64, interval) {
         return;
     }
-    record_chosen(ptr, size, start, forwarded);
+    record_chosen(ptr, size, start, forwarded, at);
 }
 
-/// Records block `ptr`, already sampled when sampling.
+/// Records block `ptr`, already sampled when sampling (`at`: its trailer, or 0).
 #[inline(always)]
-fn record_chosen(ptr: *mut u8, size: usize, start: Start, forwarded: bool) {
+fn record_chosen(ptr: *mut u8, size: usize, start: Start, forwarded: bool, at: u64) {
     let record = |g: &'static Global, t: &Tls| {
-        insert(g, t, ptr as u64, size as u64, |g, t| stack_id(g, t, start))
+        // The block a Python allocator wrapper's forwarded `realloc` made: the wrapper records
+        // it (see `py_realloc`).
+        if forwarded && t.py_skip.get() {
+            t.py_skip.set(false);
+            return;
+        }
+        insert(g, t, ptr as u64, size as u64, at, |g, t| {
+            stack_id(g, t, start)
+        })
     };
     let done = if forwarded {
         enter_forwarded(record)
@@ -176,6 +199,40 @@ pub fn record_free_deferrable_plain(ptr: *mut u8) -> bool {
     record_free_deferrable_headed(ptr)
 }
 
+/// [`record_free`] of a block whose trailer (at `at`) names record `n` (see [`trailer`]):
+/// no index lookup. Returns the recorded size.
+#[inline]
+pub fn record_free_trailed(ptr: *mut u8, n: u32, at: u64) -> Option<u64> {
+    let closed = enter_forwarded(|g, t| {
+        let r = erase_trailed(g, t, ptr as u64, n, at);
+        // The block of a Python allocator wrapper's `realloc` (see `py_realloc`).
+        if let (Some(size), true) = (r, t.py_realloc.get() == ptr as u64) {
+            t.py_closed.set(size);
+            t.py_skip.set(true);
+        }
+        r
+    });
+    match closed {
+        Some(r) => r,
+        None => {
+            if state::interrupted_recording() {
+                state::defer(ptr as u64, None, &[], false);
+            }
+            None
+        }
+    }
+}
+
+/// [`record_free_deferrable`] of a block whose trailer (at `at`) names record `n` (as
+/// [`record_free_trailed`]).
+#[inline]
+pub fn record_free_deferrable_trailed(ptr: *mut u8, n: u32, at: u64) -> bool {
+    match enter_forwarded(|g, t| erase_trailed(g, t, ptr as u64, n, at)) {
+        Some(_) => false,
+        None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
+    }
+}
+
 /// [`record_free_deferrable`] of a block known to have a header (as [`record_free_headed`]).
 #[inline]
 pub fn record_free_deferrable_headed(ptr: *mut u8) -> bool {
@@ -186,12 +243,24 @@ pub fn record_free_deferrable_headed(ptr: *mut u8) -> bool {
 }
 
 /// Records an allocation deferred from a signal handler (see [`state::defer`]).
+/// (A block with a trailer keeps [`trailer::NONE`] there and is indexed: a free finding
+/// `NONE` looks in the index.)
 pub(crate) fn insert_deferred(g: &Global, t: &Tls, addr: u64, size: u64, frames: &[u64]) {
-    insert(g, t, addr, size, |g, t| intern(g, t, frames));
+    insert(g, t, addr, size, 0, |g, t| intern(g, t, frames));
 }
 
-/// Records a free deferred from a signal handler.
-pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64) {
+/// Records a free deferred from a signal handler. `held`: the preloaded `free` held the block
+/// back from glibc (so it is glibc's block, and may have a trailer).
+pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64, held: bool) {
+    if held && trailer::on() {
+        // SAFETY: a block handed to `free` and held back from glibc until this returns.
+        if let Some((n, at)) = unsafe { trailer::read(addr) } {
+            if n != trailer::NONE {
+                erase_trailed(g, t, addr, n, at);
+                return;
+            }
+        }
+    }
     // SAFETY: the block is held back from glibc until this returns (see `state::defer`).
     let headed = header::on() && unsafe { header::read(addr) }.is_some();
     if !headed && state::sample_interval() != 0 && !state::PRESENCE.may_contain(addr) {
@@ -303,11 +372,18 @@ fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
     }
 }
 
-fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Global, &Tls) -> u32) {
+fn insert(
+    g: &Global,
+    t: &Tls,
+    addr: u64,
+    size: u64,
+    at: u64,
+    stack_of: impl FnOnce(&Global, &Tls) -> u32,
+) {
     // The index line and the record this insert will write are likely not in the cache:
     // start loading both now, so the stack walk overlaps the memory latency.
-    // (Blocks with headers, the common case under LD_PRELOAD, have no index entry.)
-    if !header::on() {
+    // (Blocks with trailers or headers, the common case, have no index entry.)
+    if at == 0 && !header::on() {
         state::INDEX.prefetch(addr);
     }
     // Choosing the node (which may take the shared free-list lock) stays outside the operation
@@ -326,10 +402,16 @@ fn insert(g: &Global, t: &Tls, addr: u64, size: u64, stack_of: impl FnOnce(&Glob
     // returns, so indexing it before its record is published is safe; doing it first keeps
     // the index lock's locked instruction from waiting on the record's stores.
     let mut node = node;
-    // A block with a header (see `header`) keeps its record number there, not in the index.
+    // A block with a trailer (see `trailer`) or a header (see `header`) keeps its record
+    // number there, not in the index.
     // SAFETY: `addr` is a block just returned by the malloc family or CPython's allocator.
-    let headed = header::on() && unsafe { header::read(addr) }.is_some();
-    if let (Some(n), true) = (node, headed) {
+    let headed = at == 0 && header::on() && unsafe { header::read(addr) }.is_some();
+    if at != 0 {
+        if let Some(n) = node {
+            // SAFETY: `at` is the trailer the wrapper wrote for this block (see `trailer`).
+            unsafe { trailer::write(at, addr, n) };
+        }
+    } else if let (Some(n), true) = (node, headed) {
         // SAFETY: the block has a header (just read), written by the shim's allocation.
         unsafe { header::write(addr, n, header::size32(size)) };
     } else if let Some(n) = node {
@@ -398,6 +480,31 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
             r
         }
     };
+    Some(close(g, t, n, size32))
+}
+
+/// Erases the record of block `addr`, whose trailer at `at` names record `n` (not
+/// [`trailer::NONE`]). The trailer is trusted only when the record is live and holds this
+/// address (see [`trailer`]: 1 in 2^32 blocks without a trailer seem to have one); otherwise
+/// the block is looked up as one without a trailer. Returns the recorded size.
+fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64> {
+    let w = &g.writer;
+    let ours = (n as u64) < w.node_capacity() && {
+        let node = w.node(n);
+        node.address.load(Ordering::Relaxed) == addr
+            && node.t_free.load(Ordering::Relaxed) == vmo_layout::v1::TIME_NONE
+    };
+    if !ours {
+        return erase(g, t, addr);
+    }
+    // SAFETY: the trailer was just read at `at` for this block.
+    unsafe { trailer::write(at, addr, trailer::NONE) };
+    Some(close(g, t, n, u32::MAX))
+}
+
+/// Stamps record `n` freed (`size32`: the block's size from its header, `u32::MAX` to read it
+/// from the record) and recycles it. Returns its size.
+fn close(g: &Global, t: &Tls, n: u32, size32: u32) -> u64 {
     let held = acquire_slot(g, t);
     let (slot_idx, slot) = (held.idx, held.slot);
     RegionWriter::op_begin(slot, n);
@@ -415,7 +522,7 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     drop(held);
     retire(g, t, n, last);
     tick(g, t, slot_idx);
-    Some(size)
+    size
 }
 
 /// A record whose block was just freed: recycled, unless a named snapshot taken while the
@@ -539,7 +646,7 @@ fn enter_as<R>(forwarded: bool, f: impl FnOnce(&'static Global, &Tls) -> R) -> O
 fn drain(d: &Deferred, g: &'static Global, t: &Tls) {
     while let Some(op) = d.pop() {
         if op.size == FREE_OP || op.size == FREE_HELD {
-            erase_deferred(g, t, op.ptr);
+            erase_deferred(g, t, op.ptr, op.size == FREE_HELD);
             let f = REAL_FREE.load(Ordering::Relaxed);
             if op.size == FREE_HELD && f != 0 {
                 // SAFETY: `f` was registered by set_real_free with this signature; the
@@ -603,8 +710,22 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
     // SAFETY: as in py_malloc.
     let o = unsafe { python::orig(ctx) };
     let old = record_free(ptr as *mut u8);
+    // A block with a record in its trailer (made by the interpreter's own `malloc` calls, not
+    // through this wrapper) is not found above: the shim cannot tell whether `ptr` is glibc's
+    // block (CPython's small-object allocator's are not). The preloaded `realloc` it reaches
+    // closes that record and leaves the new block to this wrapper (see `record_free_trailed`).
+    shared::with_tls(|t| {
+        t.py_realloc.set(ptr as u64);
+        t.py_closed.set(u64::MAX);
+    });
     // SAFETY: as in py_malloc.
     let q = state::forwarding(|| unsafe { (o.realloc.unwrap_unchecked())(o.ctx, ptr, size) });
+    let closed = shared::with_tls(|t| {
+        t.py_realloc.set(0);
+        t.py_skip.set(false);
+        t.py_closed.replace(u64::MAX)
+    });
+    let old = old.or((closed != u64::MAX).then_some(closed));
     if !q.is_null() {
         record_alloc(q as *mut u8, size, fp);
     } else if let Some(old_size) = old {

@@ -10,7 +10,7 @@
 //! Public modules (what `HeapdumpAlloc`, the preload crate and the tests use): [`hooks`] (what
 //! each allocator call records), [`state`] (start-up, per-thread state, the reentrancy guard),
 //! [`unwind`] (frame-pointer walk, stack bounds), `dwarf` (the CFI unwinder, x86-64),
-//! [`global_alloc`], [`attach`], [`glibc_heap`] and [`pymalloc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
+//! [`global_alloc`], [`header`] and [`trailer`] (a block's record number kept next to it), [`attach`], [`glibc_heap`] and [`pymalloc_heap`] (`heapdump attach`), [`python`] (CPython's objects and frames, used by the preload crate). Private: `deferred` (signal handlers' calls), `fork` (fork handlers,
 //! raw-fork detection), `nodes` (record recycling), `region` (the region file and settings),
 //! `stacks` (stack interning), `index` (address → record), `modules` (the module table),
 //! `sys` (helpers usable inside malloc), `tls` (the initial-exec word that finds the thread's
@@ -45,6 +45,7 @@ pub mod state;
 mod sys;
 #[cfg(target_arch = "x86_64")]
 mod tls;
+pub mod trailer;
 pub mod unwind;
 
 pub use global_alloc::HeapdumpAlloc;

@@ -193,6 +193,15 @@ pub struct Tls {
     pub(crate) exited: Cell<bool>,
     /// Records this thread kept for named snapshots and not yet added to the header's count.
     pub(crate) named_held: Cell<u32>,
+    /// The block a Python allocator wrapper's `realloc` is forwarding (0: none), whose record
+    /// only the preloaded `realloc` can close when it is kept in a block trailer (see
+    /// `hooks::py_realloc`).
+    pub(crate) py_realloc: Cell<u64>,
+    /// The size of the record the preloaded `realloc` closed for `py_realloc`'s block
+    /// (`u64::MAX`: none); the wrapper records the new block itself, so the preloaded
+    /// `realloc` skips its own record of it while `py_skip` is set.
+    pub(crate) py_closed: Cell<u64>,
+    pub(crate) py_skip: Cell<bool>,
 }
 pub(crate) const EXITED: u32 = u32::MAX;
 
@@ -231,6 +240,9 @@ impl Tls {
             dwarf_cache: Cell::new(std::ptr::null_mut()),
             exited: Cell::new(false),
             named_held: Cell::new(0),
+            py_realloc: Cell::new(0),
+            py_closed: Cell::new(u64::MAX),
+            py_skip: Cell::new(false),
         }
     }
 

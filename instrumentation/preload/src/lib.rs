@@ -13,11 +13,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use heapdump_instrumentation::frame_pointer;
-use heapdump_instrumentation::header;
 use heapdump_instrumentation::hooks::{
-    record_alloc, record_free, record_free_deferrable_headed, record_free_deferrable_plain,
-    record_free_headed, record_realloc, record_sampled, sample_next,
+    record_alloc, record_alloc_trailed, record_free, record_free_deferrable_plain,
+    record_free_deferrable_trailed, record_free_trailed, record_realloc, record_realloc_trailed,
+    record_sampled, sample_next,
 };
+use heapdump_instrumentation::trailer;
 use libc::{c_char, c_int, c_void, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -43,21 +44,21 @@ extern "C" {
 #[inline(never)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
-    if header::on() {
-        if header::sampled_only() && !sample_next(size) {
-            // Sampling mode, not sampled: glibc's block as it is, no header, no record.
+    if trailer::on() {
+        if trailer::sampled_only() && !sample_next(size) {
+            // Sampling mode, not sampled: glibc's block as it is, no trailer, no record.
             // SAFETY: forwarding to glibc with the caller's arguments.
             return unsafe { __libc_malloc(size) };
         }
-        let Some(total) = with_header(size) else {
+        let Some(total) = with_trailer(size) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
-        // SAFETY: forwarding to glibc, with room for the header.
-        let q = unsafe { __libc_malloc(total) };
-        // SAFETY: `q` is null or a block of `size + 16` bytes.
-        let p = unsafe { headed(q, size) };
-        record_headed(p, size, fp, false);
+        // SAFETY: forwarding to glibc, with room for the trailer.
+        let p = unsafe { __libc_malloc(total) };
+        // SAFETY: `p` is null or a block of at least `size + 8` bytes just made by glibc.
+        let at = unsafe { trailed(p) };
+        record_trailed(p, size, fp, false, at);
         return p;
     }
     // SAFETY: forwarding to glibc with the caller's arguments.
@@ -68,80 +69,83 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     p
 }
 
-/// Records block `p` just given a header: sampled already in sampling mode
-/// ([`header::sampled_only`]: only sampled blocks get one), else every block is recorded.
+/// Records block `p` just given a trailer at `at`: sampled already in sampling mode
+/// ([`trailer::sampled_only`]: only sampled blocks get one), else every block is recorded.
 /// `forwarded`: it replaces a recorded block (`realloc`).
 #[inline(always)]
-fn record_headed(p: *mut c_void, size: size_t, fp: usize, forwarded: bool) {
-    if header::sampled_only() {
-        record_sampled(p as *mut u8, size, fp, forwarded);
+fn record_trailed(p: *mut c_void, size: size_t, fp: usize, forwarded: bool, at: u64) {
+    if trailer::sampled_only() {
+        record_sampled(p as *mut u8, size, fp, forwarded, at);
     } else if forwarded {
-        record_realloc(p as *mut u8, size, fp);
+        record_realloc_trailed(p as *mut u8, size, fp, at);
     } else {
-        record_alloc(p as *mut u8, size, fp);
+        record_alloc_trailed(p as *mut u8, size, fp, at);
     }
 }
 
-/// What to ask glibc for to hand out `size` bytes after a header: `size + 16`, but at least 32
-/// bytes, so that `malloc_usable_size` of a small block is what glibc's own would be (24 bytes
-/// for 0 to 24 requested: glibc's smallest chunk); `None` on overflow (ENOMEM).
+/// What to ask glibc for to hand out `size` bytes with a trailer after them: `size + 8`
+/// (see `heapdump_instrumentation::trailer`); `None` on overflow (ENOMEM).
 #[inline(always)]
-fn with_header(size: size_t) -> Option<size_t> {
-    size.max(16).checked_add(header::SIZE)
+fn with_trailer(size: size_t) -> Option<size_t> {
+    size.checked_add(trailer::SIZE)
 }
 
-/// The program's block in glibc's block `q` (null stays null), its header written as not yet
-/// recorded (see `heapdump_instrumentation::header`).
+/// Writes the trailer of block `p` just made by glibc as not yet recorded; returns where it
+/// is (0 for null).
 ///
 /// # Safety
-/// `q` is null or a block of at least `size + 16` bytes just returned by glibc.
+/// `p` is null or a block of at least `size + 8` bytes just returned by glibc, `size` what the
+/// program asked for.
 #[inline(always)]
-unsafe fn headed(q: *mut c_void, size: size_t) -> *mut c_void {
-    if q.is_null() {
-        return q;
+unsafe fn trailed(p: *mut c_void) -> u64 {
+    if p.is_null() {
+        return 0;
     }
-    // SAFETY: per the contract, q .. q + 16 is the header's room.
+    // SAFETY: per the contract: glibc's chunk header precedes `p`, and its last 8 usable
+    // bytes are past what the program asked for.
     unsafe {
-        let p = (q as *mut u8).add(header::SIZE);
-        header::write(p as u64, header::NONE, header::size32(size as u64));
-        p as *mut c_void
+        let at = trailer::locate(p as u64);
+        if at != 0 {
+            trailer::write(at, p as u64, trailer::NONE);
+        }
+        at
     }
 }
 
-/// Whether block `p` has a header (so glibc's block is `p - 16`).
+/// The trailer of block `p`: `(record, where)`, if it has one.
 ///
 /// # Safety
-/// `p` is null or a pointer the program hands to the malloc family (see `header::read`).
+/// `p` is null or a pointer the program hands to `free`, `realloc` or `malloc_usable_size`
+/// (see `trailer::read`).
 #[inline(always)]
-unsafe fn has_header(p: *mut c_void) -> bool {
+unsafe fn trailer_of(p: *mut c_void) -> Option<(u32, u64)> {
+    if !trailer::on() {
+        return None;
+    }
     // SAFETY: per the contract.
-    header::on() && unsafe { header::read(p as u64) }.is_some()
+    unsafe { trailer::read(p as u64) }
 }
 
-/// Frees block `p` that has a header: the tag is cleared, then glibc gets `p - 16`.
+/// Clears block `p`'s trailer, if it has one, and gives the block back to glibc.
 ///
 /// # Safety
-/// `p` has a header ([`has_header`]) and its record was closed.
+/// As `free(3)`; `p`'s record (if any) was closed.
 #[inline(always)]
-unsafe fn free_headed(p: *mut c_void) {
-    // SAFETY: per the contract.
+unsafe fn release(p: *mut c_void, at: Option<u64>) {
+    // SAFETY: per the contract; `at` is `p`'s trailer.
     unsafe {
-        header::clear(p as u64);
-        __libc_free((p as *mut u8).sub(header::SIZE) as *mut c_void);
+        if let Some(at) = at {
+            trailer::clear(at);
+        }
+        __libc_free(p);
     }
 }
 
 /// What the deferred free of a signal handler's block calls once its record is closed (see
-/// `state::set_real_free`): the block is freed as a headed one when it has a header.
+/// `state::set_real_free`): its trailer is cleared and glibc gets it.
 unsafe extern "C" fn free_block(p: *mut c_void) {
     // SAFETY: `p` is a block the program freed, held back until now.
-    unsafe {
-        if has_header(p) {
-            free_headed(p);
-        } else {
-            __libc_free(p);
-        }
-    }
+    unsafe { release(p, trailer_of(p).map(|t| t.1)) }
 }
 
 /// `free(3)`.
@@ -159,17 +163,18 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // its own work that may fail a system call (start-up, thread registration) restores errno.
     // A signal handler that interrupted this thread's recording: the shim frees the block
     // when the interrupted operation ends, after closing its record.
-    // SAFETY: the caller's pointer for free (see `has_header`).
-    if unsafe { has_header(ptr) } {
-        if !record_free_deferrable_headed(ptr as *mut u8) {
-            // SAFETY: it has a header; its record (if any) was just closed.
-            unsafe { free_headed(ptr) };
+    // SAFETY: the caller's pointer for free (see `trailer_of`).
+    let t = unsafe { trailer_of(ptr) };
+    let held = match t {
+        Some((n, at)) if n != trailer::NONE => {
+            record_free_deferrable_trailed(ptr as *mut u8, n, at)
         }
-        return;
-    }
-    if !record_free_deferrable_plain(ptr as *mut u8) {
-        // SAFETY: forwarding to glibc with the caller's argument.
-        unsafe { __libc_free(ptr) };
+        // No trailer, or one without a record there: the address index.
+        _ => record_free_deferrable_plain(ptr as *mut u8),
+    };
+    if !held {
+        // SAFETY: the caller's pointer; its record (if any) was just closed.
+        unsafe { release(ptr, t.map(|t| t.1)) };
     }
 }
 
@@ -181,21 +186,21 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[inline(never)]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
-    if header::on() {
+    if trailer::on() {
         let bytes = n.checked_mul(size);
-        if header::sampled_only() && !sample_next(bytes.unwrap_or(0)) {
+        if trailer::sampled_only() && !sample_next(bytes.unwrap_or(0)) {
             // SAFETY: forwarding to glibc (which checks n * size for overflow).
             return unsafe { __libc_calloc(n, size) };
         }
-        let Some((bytes, total)) = bytes.and_then(|b| Some((b, with_header(b)?))) else {
+        let Some((bytes, total)) = bytes.and_then(|b| Some((b, with_trailer(b)?))) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
-        // SAFETY: forwarding to glibc, with room for the header (zeroed, then written).
-        let q = unsafe { __libc_calloc(1, total) };
-        // SAFETY: `q` is null or a block of `n * size + 16` bytes.
-        let p = unsafe { headed(q, bytes) };
-        record_headed(p, bytes, fp, false);
+        // SAFETY: forwarding to glibc, with room for the trailer (zeroed, then written).
+        let p = unsafe { __libc_calloc(1, total) };
+        // SAFETY: `p` is null or a block of `n * size + 8` bytes just made by glibc.
+        let at = unsafe { trailed(p) };
+        record_trailed(p, bytes, fp, false, at);
         return p;
     }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
@@ -227,31 +232,33 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 /// As `realloc(3)`; `fp` is the exported function's frame pointer.
 #[inline(always)]
 unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
-    if header::on() {
+    if trailer::on() {
         if ptr.is_null() {
-            if header::sampled_only() && !sample_next(size) {
+            if trailer::sampled_only() && !sample_next(size) {
                 // SAFETY: forwarding to glibc, as malloc(size).
                 return unsafe { __libc_malloc(size) };
             }
-            let Some(total) = with_header(size) else {
+            let Some(total) = with_trailer(size) else {
                 set_errno(libc::ENOMEM);
                 return std::ptr::null_mut();
             };
             // SAFETY: as in malloc.
-            let p = unsafe { headed(__libc_malloc(total), size) };
-            record_headed(p, size, fp, false);
+            let p = unsafe { __libc_malloc(total) };
+            // SAFETY: as in malloc.
+            let at = unsafe { trailed(p) };
+            record_trailed(p, size, fp, false, at);
             return p;
         }
         // SAFETY: the caller's pointer for realloc.
-        if unsafe { has_header(ptr) } {
-            // SAFETY: as above.
-            return unsafe { realloc_headed(ptr, size, fp) };
+        if let Some((n, at)) = unsafe { trailer::read(ptr as u64) } {
+            // SAFETY: as above; `at` is its trailer, naming `n`.
+            return unsafe { realloc_trailed(ptr, n, at, size, fp) };
         }
-        if header::sampled_only() {
-            // SAFETY: as above; `ptr` has no header.
+        if trailer::sampled_only() {
+            // SAFETY: as above; `ptr` has no trailer.
             return unsafe { realloc_sampling(ptr, size, fp) };
         }
-        // A block without a header (allocated before the shim started, or aligned) stays
+        // A block without a trailer (allocated before the shim started, or aligned) stays
         // without one: glibc's realloc, recorded through the address index.
     }
     let old = record_free(ptr as *mut u8);
@@ -270,51 +277,67 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
     q
 }
 
-/// `realloc` of a block with a header: glibc reallocates the whole (header included), and the
-/// header is written again for the new address. `realloc(p, 0)` frees `p` and returns null, as
-/// glibc's does.
+/// `realloc` of a block with a trailer at `at` naming record `n` ([`trailer::NONE`]: look in
+/// the address index): glibc reallocates the block with room for a trailer, which is written
+/// again at the new block's end. `realloc(p, 0)` frees `p` and returns null, as glibc's does.
 ///
 /// # Safety
-/// As `realloc(3)`; `ptr` has a header.
+/// As `realloc(3)`; `ptr` has a trailer at `at` naming `n`.
 #[inline(always)]
-unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+unsafe fn realloc_trailed(
+    ptr: *mut c_void,
+    n: u32,
+    at: u64,
+    size: size_t,
+    fp: usize,
+) -> *mut c_void {
     if size == 0 {
         // SAFETY: as free(ptr), which is what glibc's realloc(ptr, 0) does.
         unsafe { free(ptr) };
         return std::ptr::null_mut();
     }
-    let Some(total) = with_header(size) else {
+    let Some(total) = with_trailer(size) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    let old = record_free_headed(ptr as *mut u8);
-    // SAFETY: glibc's block is ptr - 16 (it has a header); forwarding with room for it.
-    let q = unsafe { __libc_realloc((ptr as *mut u8).sub(header::SIZE) as *mut c_void, total) };
+    let old = if n != trailer::NONE {
+        record_free_trailed(ptr as *mut u8, n, at)
+    } else {
+        record_free(ptr as *mut u8)
+    };
+    // SAFETY: the trailer is the shim's; glibc may now move, grow or shrink the block (a
+    // shrink in place may hand the trailer's bytes to a new free chunk).
+    let q = unsafe {
+        trailer::clear(at);
+        __libc_realloc(ptr, total)
+    };
     if q.is_null() {
-        // Failure leaves the old block, and its header, valid: record it again.
+        // Failure leaves the old block valid: its trailer back, and recorded again.
+        // SAFETY: the old block is unchanged, `at` its trailer.
+        unsafe { trailer::write(at, ptr as u64, trailer::NONE) };
         if let Some(old_size) = old {
-            record_realloc(ptr as *mut u8, old_size as usize, fp);
+            record_realloc_trailed(ptr as *mut u8, old_size as usize, fp, at);
         }
         return q;
     }
-    // SAFETY: `q` is a block of `size + 16` bytes.
-    let p = unsafe { headed(q, size) };
-    // Sampling mode: the block keeps its header whether or not its new size is sampled.
+    // SAFETY: `q` is a block of at least `size + 8` bytes just made by glibc.
+    let at = unsafe { trailed(q) };
+    // Sampling mode: the block keeps its trailer whether or not its new size is sampled.
     if old.is_some() {
-        record_realloc(p as *mut u8, size, fp);
+        record_realloc_trailed(q as *mut u8, size, fp, at);
     } else {
-        record_alloc(p as *mut u8, size, fp);
+        record_alloc_trailed(q as *mut u8, size, fp, at);
     }
-    p
+    q
 }
 
-/// Sampling mode with headers: `realloc` of a block without a header (not sampled, or of the
+/// Sampling mode with trailers: `realloc` of a block without a trailer (not sampled, or of the
 /// `memalign` family). The new block is sampled by its size like any allocation: a sampled one
-/// is moved into a block with a header (`realloc` may always move), any other is glibc's
+/// is moved into a block with a trailer (`realloc` may always move), any other is glibc's
 /// `realloc` of the block as it is.
 ///
 /// # Safety
-/// As `realloc(3)`; `ptr` is not null and has no header.
+/// As `realloc(3)`; `ptr` is not null and has no trailer.
 #[inline(never)]
 unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
     let old = record_free(ptr as *mut u8);
@@ -324,36 +347,36 @@ unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_
         if q.is_null() && size != 0 {
             if let Some(old_size) = old {
                 // Failure leaves the old block valid: record it again.
-                record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+                record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
             }
         }
         return q;
     }
-    let Some(total) = with_header(size) else {
+    let Some(total) = with_trailer(size) else {
         if let Some(old_size) = old {
-            record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+            record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
         }
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    // SAFETY: forwarding to glibc, with room for the header.
+    // SAFETY: forwarding to glibc, with room for the trailer.
     let q = unsafe { __libc_malloc(total) };
     if q.is_null() {
         if let Some(old_size) = old {
-            record_sampled(ptr as *mut u8, old_size as usize, fp, true);
+            record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
         }
         return q;
     }
-    // SAFETY: `q` is a block of `size + 16` bytes; the old block's usable bytes are the
+    // SAFETY: `q` is a block of `size + 8` bytes; the old block's usable bytes are the
     // program's (glibc's own realloc copies them the same way), and the two blocks are
     // distinct; then the old block goes back to glibc, as glibc's realloc does when it moves.
     unsafe {
-        let p = headed(q, size);
+        let at = trailed(q);
         let keep = malloc_usable_size(ptr).min(size);
-        std::ptr::copy_nonoverlapping(ptr as *const u8, p as *mut u8, keep);
+        std::ptr::copy_nonoverlapping(ptr as *const u8, q as *mut u8, keep);
         __libc_free(ptr);
-        record_sampled(p as *mut u8, size, fp, old.is_some());
-        p
+        record_sampled(q as *mut u8, size, fp, old.is_some(), at);
+        q
     }
 }
 
@@ -488,10 +511,9 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(p)
     };
     // SAFETY: the caller's pointer for malloc_usable_size.
-    if unsafe { has_header(ptr) } {
-        // SAFETY: glibc's block is ptr - 16.
-        return usable(unsafe { (ptr as *mut u8).sub(header::SIZE) } as *mut c_void)
-            .saturating_sub(header::SIZE);
+    if let Some((_, at)) = unsafe { trailer_of(ptr) } {
+        // The bytes before the trailer.
+        return (at - ptr as u64) as size_t;
     }
     usable(ptr)
 }
