@@ -200,7 +200,7 @@ pub fn record_free_deferrable_plain(ptr: *mut u8) -> bool {
 }
 
 /// [`record_free`] of a block whose trailer (at `at`) names record `n` (see [`trailer`]):
-/// no index lookup. Returns the recorded size.
+/// no index lookup unless `n` is [`trailer::NONE`]. Returns the recorded size.
 #[inline]
 pub fn record_free_trailed(ptr: *mut u8, n: u32, at: u64) -> Option<u64> {
     let closed = enter_forwarded(|g, t| {
@@ -483,13 +483,13 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     Some(close(g, t, n, size32))
 }
 
-/// Erases the record of block `addr`, whose trailer at `at` names record `n` (not
-/// [`trailer::NONE`]). The trailer is trusted only when the record is live and holds this
-/// address (see [`trailer`]: 1 in 2^32 blocks without a trailer seem to have one); otherwise
-/// the block is looked up as one without a trailer. Returns the recorded size.
+/// Erases the record of block `addr`, whose trailer at `at` names record `n` ([`trailer::NONE`]:
+/// none there, look in the address index). The trailer is trusted only when the record is live
+/// and holds this address (see [`trailer`]: 1 in 2^32 blocks without a trailer seem to have
+/// one); otherwise the block is looked up as one without a trailer. Returns the recorded size.
 fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64> {
     let w = &g.writer;
-    let ours = (n as u64) < w.node_capacity() && {
+    let ours = n != trailer::NONE && (n as u64) < w.node_capacity() && {
         let node = w.node(n);
         node.address.load(Ordering::Relaxed) == addr
             && node.t_free.load(Ordering::Relaxed) == vmo_layout::v1::TIME_NONE
@@ -689,8 +689,22 @@ unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     let o = unsafe { python::orig(ctx) };
     // SAFETY: forwarding the caller's arguments to the original allocator.
     let p = state::forwarding(|| unsafe { (o.malloc.unwrap_unchecked())(o.ctx, size) });
-    record_alloc(p as *mut u8, size, fp);
+    record_py_block(ctx, p, size, fp);
     p
+}
+
+/// Records block `p` a wrapped domain's allocator just made: in its trailer when the domain
+/// hands out glibc's blocks (see `python::glibc_backed`), else in the address index.
+#[inline(always)]
+fn record_py_block(ctx: *mut c_void, p: *mut c_void, size: usize, fp: usize) {
+    if python::glibc_backed(ctx) && !p.is_null() {
+        // SAFETY: the domain's blocks are glibc's (probed when the wrappers were installed).
+        if let Some((trailer::NONE, at)) = unsafe { trailer::read(p as u64) } {
+            record_alloc_trailed(p as *mut u8, size, fp, at);
+            return;
+        }
+    }
+    record_alloc(p as *mut u8, size, fp);
 }
 
 #[inline(never)]
@@ -700,7 +714,7 @@ unsafe extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut 
     let o = unsafe { python::orig(ctx) };
     // SAFETY: as in py_malloc.
     let p = state::forwarding(|| unsafe { (o.calloc.unwrap_unchecked())(o.ctx, n, size) });
-    record_alloc(p as *mut u8, n.wrapping_mul(size), fp);
+    record_py_block(ctx, p, n.wrapping_mul(size), fp);
     p
 }
 
@@ -709,7 +723,13 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
     let fp = crate::frame_pointer!();
     // SAFETY: as in py_malloc.
     let o = unsafe { python::orig(ctx) };
-    let old = record_free(ptr as *mut u8);
+    // A domain of glibc's blocks: the preloaded `realloc` closes the record, from the block's
+    // trailer or the address index (below).
+    let old = if python::glibc_backed(ctx) {
+        None
+    } else {
+        record_free(ptr as *mut u8)
+    };
     // A block with a record in its trailer (made by the interpreter's own `malloc` calls, not
     // through this wrapper) is not found above: the shim cannot tell whether `ptr` is glibc's
     // block (CPython's small-object allocator's are not). The preloaded `realloc` it reaches
@@ -727,7 +747,7 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
     });
     let old = old.or((closed != u64::MAX).then_some(closed));
     if !q.is_null() {
-        record_alloc(q as *mut u8, size, fp);
+        record_py_block(ctx, q, size, fp);
     } else if let Some(old_size) = old {
         // Failure leaves the old block valid: record it again.
         record_alloc(ptr as *mut u8, old_size as usize, fp);
@@ -739,7 +759,11 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
 unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {
     // SAFETY: as in py_malloc.
     let o = unsafe { python::orig(ctx) };
-    record_free(ptr as *mut u8);
+    // A domain of glibc's blocks: the preloaded `free` closes the record, from the block's
+    // trailer or the address index, before glibc gets the block.
+    if !python::glibc_backed(ctx) {
+        record_free(ptr as *mut u8);
+    }
     // SAFETY: as in py_malloc.
     state::forwarding(|| unsafe { (o.free.unwrap_unchecked())(o.ctx, ptr) });
 }

@@ -33,7 +33,7 @@
 use crate::state::{self, Global, Tls};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vmo_layout::v1::{
     MAX_FRAMES, PYTHON_EVAL_FRAME, PYTHON_FRAME, PYTHON_RECORD_MAX_WORDS, PYTHON_RECORD_PUBLISHED,
     PYTHON_RECORD_WORDS,
@@ -75,6 +75,7 @@ pub(crate) struct Wrappers {
     pub(crate) free: unsafe extern "C" fn(*mut c_void, *mut c_void),
 }
 
+const PYMEM_DOMAIN_RAW: c_int = 0;
 const PYMEM_DOMAIN_MEM: c_int = 1;
 const PYMEM_DOMAIN_OBJ: c_int = 2;
 
@@ -121,6 +122,11 @@ struct Py {
     unicode_type: usize,
     bytes_type: usize,
     off: Offsets,
+    /// The RAW domain's allocator as the interpreter starts it, read at detection (before
+    /// `Py_Initialize` applies `PYTHONMALLOC` or any hook): `[ctx, malloc, calloc, realloc,
+    /// free]`, CPython's own `_PyMem_RawMalloc` family, which calls glibc's (see
+    /// [`glibc_domain`]).
+    raw_default: [usize; 5],
 }
 
 struct Cell<T>(UnsafeCell<Option<T>>);
@@ -255,12 +261,27 @@ fn find() -> Option<Py> {
     type Allocator = unsafe extern "C" fn(c_int, *mut PyMemAllocatorEx);
     type Flag = unsafe extern "C" fn() -> c_int;
     type ThreadState = unsafe extern "C" fn() -> *mut c_void;
+    // SAFETY: as below.
+    let get_allocator =
+        unsafe { std::mem::transmute::<usize, Allocator>(f(c"PyMem_GetAllocator")?) };
+    let mut raw = PyMemAllocatorEx {
+        ctx: std::ptr::null_mut(),
+        malloc: None,
+        calloc: None,
+        realloc: None,
+        free: None,
+    };
+    // SAFETY: PyMem_GetAllocator may be called before the interpreter is initialized (the
+    // RAW domain needs no GIL; Doc/c-api/memory.rst); `raw` is a valid out-parameter.
+    unsafe { get_allocator(PYMEM_DOMAIN_RAW, &mut raw) };
+    let raw_default = allocator_words(&raw);
     // SAFETY: each address is the named CPython function, whose C signature is the one
     // transmuted to (Include/pymem.h, pylifecycle.h, pystate.h).
     unsafe {
         Some(Py {
             minor,
-            get_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_GetAllocator")?),
+            raw_default,
+            get_allocator,
             set_allocator: std::mem::transmute::<usize, Allocator>(f(c"PyMem_SetAllocator")?),
             is_initialized: std::mem::transmute::<usize, Flag>(f(c"Py_IsInitialized")?),
             gil_check: std::mem::transmute::<usize, Flag>(f(c"PyGILState_Check")?),
@@ -348,6 +369,44 @@ pub(crate) fn poll(wrappers: &Wrappers) {
     }
 }
 
+/// The `ctx` of each wrapped domain whose allocator is glibc's `malloc` family
+/// (`PYTHONMALLOC=malloc`), 0 for the others: its blocks are glibc's, so the wrappers may read
+/// their block trailers (see `crate::trailer`), which they may not do for pymalloc's.
+static GLIBC_CTX: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Whether the wrapped domain of `ctx` hands out glibc's blocks (see [`GLIBC_CTX`]).
+#[inline(always)]
+pub(crate) fn glibc_backed(ctx: *mut c_void) -> bool {
+    let c = ctx as usize;
+    c == GLIBC_CTX[0].load(Ordering::Relaxed) || c == GLIBC_CTX[1].load(Ordering::Relaxed)
+}
+
+/// `[ctx, malloc, calloc, realloc, free]` of `a`, as addresses (0: none).
+fn allocator_words(a: &PyMemAllocatorEx) -> [usize; 5] {
+    [
+        a.ctx as usize,
+        a.malloc.map_or(0, |f| f as usize),
+        a.calloc.map_or(0, |f| f as usize),
+        a.realloc.map_or(0, |f| f as usize),
+        a.free.map_or(0, |f| f as usize),
+    ]
+}
+
+/// Whether allocator `a` of a domain hands out glibc's blocks with the shim's trailers: it is
+/// the RAW domain's allocator as the interpreter started it (see `Py::raw_default`), CPython's
+/// `_PyMem_RawMalloc` family, which is glibc's `malloc`, `calloc`, `realloc` and `free`
+/// (`Objects/obmalloc.c`); `PYTHONMALLOC=malloc` sets the MEM and OBJ domains to it. Not
+/// pymalloc, not the debug hooks, not tracemalloc's hooks, not an embedder's allocator.
+/// Decided without calling any allocator or the loader: this runs inside `malloc`, maybe inside
+/// an allocator hook holding its lock (tracemalloc's: a first version that made a probe block
+/// here deadlocked `python3 -X tracemalloc`).
+fn glibc_domain(py: &Py, a: &PyMemAllocatorEx) -> bool {
+    crate::trailer::on()
+        && !crate::trailer::sampled_only()
+        && py.raw_default[1] != 0
+        && allocator_words(a) == py.raw_default
+}
+
 #[cold]
 #[inline(never)]
 fn try_install(wrappers: &Wrappers) {
@@ -386,8 +445,11 @@ fn try_install(wrappers: &Wrappers) {
         }
         // SAFETY: see `Cell`: only the installing thread writes, before ACTIVE; the wrappers
         // read it only once set as the domain's allocator below.
+        let glibc = glibc_domain(py, &a);
         let ctx = unsafe { (*orig.0.get()).insert(a) as *mut PyMemAllocatorEx };
-        let _ = wrapper;
+        if glibc {
+            GLIBC_CTX[wrapper].store(ctx as usize, Ordering::Relaxed);
+        }
         let mut w = PyMemAllocatorEx {
             ctx: ctx as *mut c_void,
             malloc: Some(wrappers.malloc),

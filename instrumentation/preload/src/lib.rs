@@ -300,11 +300,7 @@ unsafe fn realloc_trailed(
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    let old = if n != trailer::NONE {
-        record_free_trailed(ptr as *mut u8, n, at)
-    } else {
-        record_free(ptr as *mut u8)
-    };
+    let old = record_free_trailed(ptr as *mut u8, n, at);
     // SAFETY: the trailer is the shim's; glibc may now move, grow or shrink the block (a
     // shrink in place may hand the trailer's bytes to a new free chunk).
     let q = unsafe {
