@@ -443,9 +443,9 @@ fn try_install(wrappers: &Wrappers) {
         if a.malloc.is_none() || a.calloc.is_none() || a.realloc.is_none() || a.free.is_none() {
             continue;
         }
+        let glibc = glibc_domain(py, &a);
         // SAFETY: see `Cell`: only the installing thread writes, before ACTIVE; the wrappers
         // read it only once set as the domain's allocator below.
-        let glibc = glibc_domain(py, &a);
         let ctx = unsafe { (*orig.0.get()).insert(a) as *mut PyMemAllocatorEx };
         if glibc {
             GLIBC_CTX[wrapper].store(ctx as usize, Ordering::Relaxed);
