@@ -144,6 +144,7 @@ fn edge_cases_behave_as_bare_glibc() {
     };
     let (bare, _) = run(None, "1", "");
     assert!(bare.lines().count() >= 56, "{bare}");
+    let mut live = Vec::new();
     for headers in ["1", "0"] {
         let (shimmed, dir) = run(Some(&shim()), headers, "");
         assert_eq!(
@@ -154,9 +155,22 @@ fn edge_cases_behave_as_bare_glibc() {
         let list = list_json(&dir);
         assert_eq!(list.len(), 1, "{list:?}");
         assert!(list[0]["allocations"].as_u64().unwrap() >= 50, "{list:?}");
-        // And the blocks had trailers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes
-        // into its page either way (the program's block is glibc's), and has 4,080 usable
-        // bytes beyond the 1 MiB bare (glibc's page rounding), 8 fewer with a block trailer.
+        // What was still live at exit: the same with block trailers as with the address
+        // index. The program fills each block's whole usable area before freeing it, so a
+        // usable size reaching into the trailer would lose the free (a block left live).
+        live.push((
+            list[0]["live_blocks"].as_u64().unwrap(),
+            list[0]["live_bytes"].as_u64().unwrap(),
+        ));
+    }
+    assert_eq!(
+        live[0], live[1],
+        "live (blocks, bytes) at exit: trailers vs index"
+    );
+    // And the blocks had trailers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes into
+    // its page either way (the program's block is glibc's), and has 4,080 usable bytes beyond
+    // the 1 MiB bare (glibc's page rounding), 8 fewer with a block trailer.
+    for headers in ["1", "0"] {
         let offset = run(Some(&shim()), headers, "offset").0;
         let want = if headers == "1" {
             "16 4072\n"

@@ -31,8 +31,9 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
     record_alloc_as(ptr, size, start, false, 0);
 }
 
-/// [`record_alloc`] of a block with a trailer at `at` (see [`trailer`]), written as
-/// [`trailer::NONE`]: the record number goes there instead of into the address index.
+/// [`record_alloc`] of a block with room for a trailer at `at` (see [`trailer`]): the record
+/// number goes there instead of into the address index (the trailer is written only when the
+/// block is recorded).
 #[inline]
 pub fn record_alloc_trailed(ptr: *mut u8, size: usize, fp: usize, at: u64) {
     record_alloc_as(ptr, size, Start::FramePointer(fp), false, at);
@@ -497,8 +498,10 @@ fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64>
     if !ours {
         return erase(g, t, addr);
     }
+    // Cleared before the record is stamped freed: a trailer names a record only while it is
+    // live (a forked child relies on it), and costs no hash.
     // SAFETY: the trailer was just read at `at` for this block.
-    unsafe { trailer::write(at, addr, trailer::NONE) };
+    unsafe { trailer::clear(at) };
     Some(close(g, t, n, u32::MAX))
 }
 
@@ -698,8 +701,10 @@ unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
 #[inline(always)]
 fn record_py_block(ctx: *mut c_void, p: *mut c_void, size: usize, fp: usize) {
     if python::glibc_backed(ctx) && !p.is_null() {
-        // SAFETY: the domain's blocks are glibc's (probed when the wrappers were installed).
-        if let Some((trailer::NONE, at)) = unsafe { trailer::read(p as u64) } {
+        // SAFETY: the domain's blocks are glibc's, made by the preloaded `malloc` family with
+        // room for a trailer (see `python::glibc_domain`).
+        let at = unsafe { trailer::locate(p as u64) };
+        if at != 0 {
             record_alloc_trailed(p as *mut u8, size, fp, at);
             return;
         }

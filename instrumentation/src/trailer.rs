@@ -9,8 +9,10 @@
 //!   | the program's bytes ... | glibc's slack ... | node: u32 | tag: u32 |
 //! ```
 //!
-//! `node` is the block's record in the allocations table ([`NONE`]: none; ask the address
-//! index), `tag` a keyed 32-bit hash of `p` and `node` under a per-process random key, never 0.
+//! `node` is the block's record in the allocations table, `tag` a keyed 32-bit hash of `p` and
+//! `node` under a per-process random key, never 0. The word is written when the block is
+//! recorded and cleared when its record is closed: a block left unrecorded (sampling, a
+//! forwarded call, a full table) has no trailer and is looked up in the address index.
 //! `usable(p)` is read from glibc's chunk header at `p - 8` (the word glibc's own `free` reads
 //! first), as glibc's `malloc_usable_size` computes it (`malloc/malloc.c`, `musable`): the chunk
 //! size less 8, or less 16 for a chunk of its own mapping.
@@ -40,7 +42,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes the trailer takes at the end of glibc's usable area.
 pub const SIZE: usize = 8;
-/// `node` of a block that has a trailer but no record there (look in the address index).
+/// A `node` naming no record (look in the address index); never written by the shim since
+/// trailers are written only for recorded blocks, still understood.
 pub const NONE: u32 = u32::MAX;
 
 static ON: AtomicBool = AtomicBool::new(false);

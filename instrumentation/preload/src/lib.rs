@@ -90,8 +90,9 @@ fn with_trailer(size: size_t) -> Option<size_t> {
     size.checked_add(trailer::SIZE)
 }
 
-/// Writes the trailer of block `p` just made by glibc as not yet recorded; returns where it
-/// is (0 for null).
+/// Where the trailer of block `p` just made by glibc goes (0 for null). The record's insert
+/// writes it (see `hooks::record_alloc_trailed`); a block left unrecorded (sampling, a
+/// forwarded call, a full table) gets none and is treated as one without a trailer.
 ///
 /// # Safety
 /// `p` is null or a block of at least `size + 8` bytes just returned by glibc, `size` what the
@@ -103,13 +104,7 @@ unsafe fn trailed(p: *mut c_void) -> u64 {
     }
     // SAFETY: per the contract: glibc's chunk header precedes `p`, and its last 8 usable
     // bytes are past what the program asked for.
-    unsafe {
-        let at = trailer::locate(p as u64);
-        if at != 0 {
-            trailer::write(at, p as u64, trailer::NONE);
-        }
-        at
-    }
+    unsafe { trailer::locate(p as u64) }
 }
 
 /// The trailer of block `p`: `(record, where)`, if it has one.
@@ -308,9 +303,7 @@ unsafe fn realloc_trailed(
         __libc_realloc(ptr, total)
     };
     if q.is_null() {
-        // Failure leaves the old block valid: its trailer back, and recorded again.
-        // SAFETY: the old block is unchanged, `at` its trailer.
-        unsafe { trailer::write(at, ptr as u64, trailer::NONE) };
+        // Failure leaves the old block valid: recorded again (its trailer written again).
         if let Some(old_size) = old {
             record_realloc_trailed(ptr as *mut u8, old_size as usize, fp, at);
         }
