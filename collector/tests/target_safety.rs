@@ -167,19 +167,20 @@ fn edge_cases_behave_as_bare_glibc() {
         live[0], live[1],
         "live (blocks, bytes) at exit: trailers vs index"
     );
-    // And the blocks had trailers, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes into
-    // its page either way (the program's block is glibc's), and has 4,080 usable bytes beyond
-    // the 1 MiB bare (glibc's page rounding), 8 fewer with a block trailer.
+    // And the blocks had marks, or not: a 1 MiB block (glibc mmaps it) starts 16 bytes into its
+    // page bare, 32 with a block header, and has 4,080 usable bytes beyond the 1 MiB bare
+    // (glibc's page rounding), 16 fewer with the header; a 40-byte block has none bare and 8
+    // with a block trailer (glibc rounds 48 bytes up to a 64-byte chunk).
     for headers in ["1", "0"] {
         let offset = run(Some(&shim()), headers, "offset").0;
         let want = if headers == "1" {
-            "16 4072\n"
+            "32 4064 8\n"
         } else {
-            "16 4080\n"
+            "16 4080 0\n"
         };
         assert_eq!(offset, want, "HEAPDUMP_BLOCK_HEADERS={headers}");
     }
-    assert_eq!(run(None, "1", "offset").0, "16 4080\n");
+    assert_eq!(run(None, "1", "offset").0, "16 4080 0\n");
 }
 
 fn mode_of(p: &Path) -> u32 {

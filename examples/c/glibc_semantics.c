@@ -122,12 +122,16 @@ static void block_semantics(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "offset") == 0) {
         // Where a block above the mmap threshold starts in its page (16 bytes of glibc's chunk
-        // header before it), and its usable bytes beyond those asked for (glibc's page
-        // rounding, less the 8 bytes of a heapdump block trailer).
+        // header before it, 16 more for a heapdump block header), its usable bytes beyond
+        // those asked for (glibc's page rounding, less a block header), and a 40-byte block's
+        // (0 from glibc: 40 + 8 fill a 48-byte chunk; 8 with a heapdump block trailer, whose
+        // 8 bytes make glibc round up to 64).
         void *big = malloc(1 << 20);
-        printf("%lu %zu\n", (unsigned long)((uintptr_t)big & 4095),
-               malloc_usable_size(big) - (1 << 20));
+        void *small = malloc(40);
+        printf("%lu %zu %zu\n", (unsigned long)((uintptr_t)big & 4095),
+               malloc_usable_size(big) - (1 << 20), malloc_usable_size(small) - 40);
         free(big);
+        free(small);
         return 0;
     }
     SHOW("aligned_alloc(3, 10)", aligned_alloc(3, 10));

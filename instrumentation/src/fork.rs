@@ -204,9 +204,10 @@ fn mark_headed(parent: &RegionWriter, cursor: u64, fork_time: u64, live: &mut [u
             }
             read_each(&at[..n], 8, &mut words[..n], &mut ok[..n]);
             for j in 0..n {
-                at[j] = match (ok[j], crate::trailer::usable_from(addrs[j], words[j][0])) {
-                    (true, Some(u)) if u >= 8 => addrs[j] + u - 8,
-                    _ => 0,
+                at[j] = if ok[j] {
+                    crate::trailer::at_from(addrs[j], words[j][0])
+                } else {
+                    0
                 };
             }
             read_each(&at[..n], 8, &mut words[..n], &mut ok[..n]);

@@ -6,12 +6,16 @@
 //!
 //! ```text
 //!   q = glibc's block        p = q + 16 = the program's block
-//!   | tag: u64 | node: u32 | size: u32 | the program's bytes ...
+//!   | node: u32 | size: u32 | tag: u64 | the program's bytes ...
 //! ```
 //!
 //! `node` is the block's record in the allocations table ([`NONE`]: not recorded), `size` the
 //! requested size (`u32::MAX`: 4 GiB or more, read from the record), and `tag` a keyed hash of
-//! `p`, `node` and `size` under a per-process random key. A free reads the header (the cache
+//! `p`, `node` and `size` under a per-process random key, with bit 3 set: where glibc keeps a
+//! chunk's size, a multiple of 16, so the word at `p - 8` alone tells a header (bit 3 set) from
+//! glibc's chunk header (clear), which the preloaded shim's block trailers ([`crate::trailer`])
+//! are found from. Under `LD_PRELOAD` only blocks of more than [`crate::trailer::MAX_REQUEST`]
+//! bytes get a header, smaller ones a trailer. A free reads the header (the cache
 //! line glibc's own free reads next, for the chunk's size field at `p - 8`) instead of probing
 //! the private address index: one structure from block to record, no index memory (about 29 B
 //! a block at 1 M blocks), no index lock, no index cache miss.
@@ -47,9 +51,9 @@ static KEY: AtomicU64 = AtomicU64::new(0);
 
 #[repr(C)]
 struct Header {
-    tag: u64,
     node: u32,
     size: u32,
+    tag: u64,
 }
 const _: () = assert!(std::mem::size_of::<Header>() == SIZE);
 
@@ -100,13 +104,20 @@ pub fn enable() {
     ON.store(true, Ordering::Release);
 }
 
-/// The tag of a header at `p - 16` holding `node` and `size` (never 0).
+/// The tag of a header at `p - 16` holding `node` and `size` (bit 3 set: never a glibc chunk
+/// size, never 0).
 #[inline(always)]
 fn tag(p: u64, node: u32, size: u32) -> u64 {
     let k = KEY.load(Ordering::Relaxed);
     let x = (p ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((node as u64) << 32 | size as u64);
     let x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    (x ^ (x >> 31)) | 1
+    (x ^ (x >> 31)) | 8
+}
+
+/// Whether the word at `p - 8` may be a header's tag (bit 3 set), not glibc's chunk size.
+#[inline(always)]
+pub fn marked(word: u64) -> bool {
+    word & 8 != 0
 }
 
 /// The header of block `p`, if it has one: `(node, size)`.
@@ -119,17 +130,23 @@ pub unsafe fn read(p: u64) -> Option<(u32, u32)> {
     if p & 15 != 0 || p < 4096 {
         return None;
     }
-    // SAFETY: per the contract, `p - 16` is mapped; a volatile read, as the bytes may be
-    // anything (a neighbour's data when `p` has no header).
-    let h = unsafe { std::ptr::read_volatile((p - SIZE as u64) as *const Header) };
-    (h.tag == tag(p, h.node, h.size)).then_some((h.node, h.size))
+    // SAFETY: per the contract, `p - 16` is mapped; volatile reads, as the bytes may be
+    // anything (glibc's chunk header, a neighbour's data, when `p` has no header).
+    let t = unsafe { std::ptr::read_volatile((p - 8) as *const u64) };
+    if !marked(t) {
+        return None;
+    }
+    // SAFETY: as above.
+    let w = unsafe { std::ptr::read_volatile((p - SIZE as u64) as *const u64) };
+    let (node, size) = (w as u32, (w >> 32) as u32);
+    (t == tag(p, node, size)).then_some((node, size))
 }
 
 /// The header `words` (the 16 bytes before block `p`, read elsewhere) if they are one:
 /// `(node, size)`.
 pub fn decode(p: u64, words: [u64; 2]) -> Option<(u32, u32)> {
-    let (node, size) = (words[1] as u32, (words[1] >> 32) as u32);
-    (p & 15 == 0 && words[0] == tag(p, node, size)).then_some((node, size))
+    let (node, size) = (words[0] as u32, (words[0] >> 32) as u32);
+    (p & 15 == 0 && words[1] == tag(p, node, size)).then_some((node, size))
 }
 
 /// Writes the header of block `p` (16-aligned, the 16 bytes before it the shim's).
@@ -154,7 +171,7 @@ pub unsafe fn write(p: u64, node: u32, size: u32) {
 #[inline(always)]
 pub unsafe fn clear(p: u64) {
     // SAFETY: per the contract.
-    unsafe { std::ptr::write((p - SIZE as u64) as *mut u64, 0) };
+    unsafe { std::ptr::write((p - 8) as *mut u64, 0) };
 }
 
 /// The size field for a header: the requested size, or `u32::MAX` at 4 GiB or more.
@@ -180,7 +197,7 @@ mod tests {
             assert_eq!(read(p), Some((7, 100)));
             // Another address, or changed contents, fail the tag.
             assert_eq!(read(p + 16), None);
-            *((p - 8) as *mut u32) = 8;
+            *((p - 16) as *mut u32) = 8;
             assert_eq!(read(p), None);
             write(p, NONE, 5);
             assert_eq!(read(p), Some((NONE, 5)));

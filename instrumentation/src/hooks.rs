@@ -159,7 +159,7 @@ pub fn record_free(ptr: *mut u8) -> Option<u64> {
 /// of any block outside sampling mode.
 #[inline]
 pub fn record_free_headed(ptr: *mut u8) -> Option<u64> {
-    match enter_forwarded(|g, t| erase(g, t, ptr as u64)) {
+    match enter_forwarded(|g, t| py_realloc_closed(t, ptr, erase(g, t, ptr as u64))) {
         Some(r) => r,
         None => {
             if state::interrupted_recording() {
@@ -204,15 +204,9 @@ pub fn record_free_deferrable_plain(ptr: *mut u8) -> bool {
 /// no index lookup unless `n` is [`trailer::NONE`]. Returns the recorded size.
 #[inline]
 pub fn record_free_trailed(ptr: *mut u8, n: u32, at: u64) -> Option<u64> {
-    let closed = enter_forwarded(|g, t| {
-        let r = erase_trailed(g, t, ptr as u64, n, at);
-        // The block of a Python allocator wrapper's `realloc` (see `py_realloc`).
-        if let (Some(size), true) = (r, t.py_realloc.get() == ptr as u64) {
-            t.py_closed.set(size);
-            t.py_skip.set(true);
-        }
-        r
-    });
+    prefetch_record(n);
+    let closed =
+        enter_forwarded(|g, t| py_realloc_closed(t, ptr, erase_trailed(g, t, ptr as u64, n, at)));
     match closed {
         Some(r) => r,
         None => {
@@ -224,10 +218,35 @@ pub fn record_free_trailed(ptr: *mut u8, n: u32, at: u64) -> Option<u64> {
     }
 }
 
+/// Starts loading record `n`, which a trailer names, before entering the recording path: the
+/// erase reads it (`erase_trailed`'s check) and the record is usually cold, written when its
+/// block was allocated.
+#[inline(always)]
+fn prefetch_record(n: u32) {
+    if let Some(g) = shared::global() {
+        if (n as u64) < g.writer.node_capacity() {
+            g.writer.prefetch_node(n);
+        }
+    }
+}
+
+/// `r`, the erase of `ptr`'s record by a `realloc`: when `ptr` is the block a Python allocator
+/// wrapper's `realloc` is forwarding (see `py_realloc`), the size closed is noted for it and
+/// the new block left to it.
+#[inline(always)]
+fn py_realloc_closed(t: &Tls, ptr: *mut u8, r: Option<u64>) -> Option<u64> {
+    if let (Some(size), true) = (r, t.py_realloc.get() == ptr as u64) {
+        t.py_closed.set(size);
+        t.py_skip.set(true);
+    }
+    r
+}
+
 /// [`record_free_deferrable`] of a block whose trailer (at `at`) names record `n` (as
 /// [`record_free_trailed`]).
 #[inline]
 pub fn record_free_deferrable_trailed(ptr: *mut u8, n: u32, at: u64) -> bool {
+    prefetch_record(n);
     match enter_forwarded(|g, t| erase_trailed(g, t, ptr as u64, n, at)) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),

@@ -187,17 +187,19 @@ fn init_locked() -> bool {
     true
 }
 
-/// Turns block trailers on (see [`crate::trailer`]) if recording started and
+/// Turns block trailers and headers on (see [`crate::trailer`], [`crate::header`]) if recording started and
 /// `HEAPDUMP_BLOCK_HEADERS` allows it: for every block, or in sampling mode for sampled blocks
 /// only. Only the preloaded shim calls this, from its constructor: its `malloc`, `calloc` and
-/// `realloc` then add trailers, and its `free`, `realloc` and `malloc_usable_size` recognise
-/// them for the rest of the process's life.
+/// `realloc` then add trailers to small blocks and headers to the others, and its `free`,
+/// `realloc` and `malloc_usable_size` recognise them for the rest of the process's life.
 pub fn enable_block_headers() {
     if let Some(g) = global() {
         if g.settings.block_headers {
             if g.settings.sample_interval == 0 {
+                crate::header::enable();
                 crate::trailer::enable();
             } else {
+                crate::header::enable_sampled_only();
                 crate::trailer::enable_sampled_only();
             }
         }

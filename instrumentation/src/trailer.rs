@@ -1,8 +1,10 @@
 //! Block trailers: the record number of a block kept in glibc's slack at the block's end
 //! (issue 20, design 1b; the preloaded shim's form of [`crate::header`]).
 //!
-//! With `LD_PRELOAD` (the shim loaded at start-up), `malloc`, `calloc` and `realloc` ask glibc
-//! for 8 bytes more and keep one word in the last 8 bytes of glibc's usable area:
+//! With `LD_PRELOAD` (the shim loaded at start-up, every allocation recorded), `malloc`,
+//! `calloc` and `realloc` of up to [`MAX_REQUEST`] bytes ask glibc for 8 bytes more and keep
+//! one word in the last 8 bytes of glibc's usable area (larger blocks, and sampled ones in
+//! sampling mode, get a [`crate::header`]):
 //!
 //! ```text
 //!   p = glibc's block = the program's block            p + usable(p) - 8
@@ -17,16 +19,18 @@
 //! first), as glibc's `malloc_usable_size` computes it (`malloc/malloc.c`, `musable`): the chunk
 //! size less 8, or less 16 for a chunk of its own mapping.
 //!
-//! Why at the end and 8 bytes, not a 16-byte header before the block (the first form, still
-//! used by [`crate::HeapdumpAlloc`]): glibc rounds every request up to a multiple of 16 and
+//! Why at the end and 8 bytes, not a 16-byte header before the block: glibc rounds every
+//! request up to a multiple of 16 and
 //! keeps 8 bytes of it for its own header, so a block's usable area ends 0 to 15 bytes after
 //! what was asked for. A header before the block must keep the block 16-aligned and so always
 //! costs 16 bytes; 8 bytes at the end cost nothing when glibc's slack already holds them (half
 //! of all sizes) and 16 bytes otherwise: 8 bytes a block on average instead of 16 (bench/hold.c,
-//! 1 M blocks of 16–64 B: 59.9 B per live block with headers, 51.8 with trailers). And the
-//! program's block stays glibc's block: nothing shifts the pointer, so a block reaching glibc
-//! without the shim (`__libc_free`, a library bound to glibc directly, after `heapdump attach`'s
-//! detach) is freed correctly, and a false match cannot make the shim free the wrong address.
+//! 1 M blocks of 16–64 B: 59.9 B per live block with headers, 51.5 with trailers). And the
+//! program's block stays glibc's block: nothing shifts the pointer, so a small block reaching
+//! glibc without the shim (`__libc_free`, a library bound to glibc directly) is freed
+//! correctly, and a false match cannot make the shim free the wrong address. Why only small
+//! blocks: a larger block's last word is a cache line of its own, which glibc's free of a block
+//! it keeps in its thread cache never loads; a header costs such a block at most an eighth.
 //!
 //! A false match (a block the shim gave no trailer, whose last word happens to hold a valid
 //! tag: 1 in 2^32 per such free) is caught by the record it names: the erase checks that the
@@ -42,6 +46,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes the trailer takes at the end of glibc's usable area.
 pub const SIZE: usize = 8;
+/// Largest glibc chunk (bytes) whose block has a trailer: its last word lies in the cache line
+/// of glibc's chunk header or the next one. A larger block's last word is a cache line of its
+/// own, which a free would have to load (glibc's own free of a block it keeps in its thread
+/// cache never reads it): larger blocks get a 16-byte [`crate::header`] instead, 16 bytes being
+/// at most an eighth of them.
+pub const MAX_CHUNK: u64 = 128;
+/// Largest request (bytes) given a trailer: `MAX_REQUEST + 8` bytes fit a [`MAX_CHUNK`] chunk
+/// (glibc adds 8 and rounds up to 16). glibc may hand out a larger chunk than asked for (a
+/// remainder too small to split); such a block gets no trailer and is indexed.
+pub const MAX_REQUEST: usize = MAX_CHUNK as usize - 16;
 /// A `node` naming no record (look in the address index); never written by the shim since
 /// trailers are written only for recorded blocks, still understood.
 pub const NONE: u32 = u32::MAX;
@@ -123,20 +137,33 @@ pub unsafe fn usable(p: u64) -> Option<u64> {
 }
 
 /// Where block `p`'s trailer goes (the address of its last 8 usable bytes), 0 when `p` is
-/// null or not a plausible glibc block.
+/// null, not a plausible glibc block, or of a chunk larger than [`MAX_CHUNK`].
 ///
 /// # Safety
 /// As [`usable`].
 #[inline(always)]
 pub unsafe fn locate(p: u64) -> u64 {
-    // SAFETY: per the contract.
-    match unsafe { usable(p) } {
-        Some(u) => p + u - SIZE as u64,
-        None => 0,
+    if p & 15 != 0 || p < 4096 {
+        return 0;
+    }
+    // SAFETY: per the contract (glibc's chunk header); volatile, as for a pointer the program
+    // got elsewhere the word may be anything.
+    let field = unsafe { std::ptr::read_volatile((p - 8) as *const u64) };
+    at_from(p, field)
+}
+
+/// Where block `p`'s trailer is, from glibc's chunk header word `field` (the 8 bytes before
+/// `p`, read elsewhere): 0 as for [`locate`].
+#[inline(always)]
+pub(crate) fn at_from(p: u64, field: u64) -> u64 {
+    match usable_from(p, field) {
+        Some(u) if field & !7 <= MAX_CHUNK => p + u - SIZE as u64,
+        _ => 0,
     }
 }
 
-/// The trailer of block `p`, if it has one: `(node, where it is)`.
+/// The trailer of block `p`, if it has one: `(node, where it is)`. Only blocks of chunks up to
+/// [`MAX_CHUNK`] bytes are read.
 ///
 /// # Safety
 /// As [`usable`]; `p`'s chunk is the one glibc would free (its usable area is mapped).
@@ -230,6 +257,10 @@ mod tests {
             // A chunk of its own mapping: 16 bytes of header.
             *((p - 8) as *mut u64) = 64 | 2;
             assert_eq!(usable(p), Some(48));
+            // Chunks larger than MAX_CHUNK have no trailer (their blocks get headers).
+            *((p - 8) as *mut u64) = 144 | 1;
+            assert_eq!(locate(p), 0);
+            assert_eq!(read(p), None);
             // Sizes glibc's free would reject are not followed.
             *((p - 8) as *mut u64) = 24;
             assert_eq!(usable(p), None);

@@ -13,10 +13,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use heapdump_instrumentation::frame_pointer;
+use heapdump_instrumentation::header;
 use heapdump_instrumentation::hooks::{
-    record_alloc, record_alloc_trailed, record_free, record_free_deferrable_plain,
-    record_free_deferrable_trailed, record_free_trailed, record_realloc, record_realloc_trailed,
-    record_sampled, sample_next,
+    record_alloc, record_alloc_trailed, record_free, record_free_deferrable_headed,
+    record_free_deferrable_plain, record_free_deferrable_trailed, record_free_headed,
+    record_free_trailed, record_realloc, record_realloc_trailed, record_sampled, sample_next,
 };
 use heapdump_instrumentation::trailer;
 use libc::{c_char, c_int, c_void, size_t};
@@ -46,19 +47,13 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if trailer::on() {
         if trailer::sampled_only() && !sample_next(size) {
-            // Sampling mode, not sampled: glibc's block as it is, no trailer, no record.
+            // Sampling mode, not sampled: glibc's block as it is, no mark, no record.
             // SAFETY: forwarding to glibc with the caller's arguments.
             return unsafe { __libc_malloc(size) };
         }
-        let Some(total) = with_trailer(size) else {
-            set_errno(libc::ENOMEM);
-            return std::ptr::null_mut();
-        };
-        // SAFETY: forwarding to glibc, with room for the trailer.
-        let p = unsafe { __libc_malloc(total) };
-        // SAFETY: `p` is null or a block of at least `size + 8` bytes just made by glibc.
-        let at = unsafe { trailed(p) };
-        record_trailed(p, size, fp, false, at);
+        // SAFETY: `malloc`'s contract; glibc's `malloc` allocates.
+        let (p, at) = unsafe { new_marked(size, __libc_malloc) };
+        record_marked(p, size, fp, false, at);
         return p;
     }
     // SAFETY: forwarding to glibc with the caller's arguments.
@@ -69,11 +64,48 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     p
 }
 
-/// Records block `p` just given a trailer at `at`: sampled already in sampling mode
-/// ([`trailer::sampled_only`]: only sampled blocks get one), else every block is recorded.
-/// `forwarded`: it replaces a recorded block (`realloc`).
+/// A new block of `size` bytes with room for its record number (ENOMEM and null when that
+/// overflows): a small one (up to `trailer::MAX_REQUEST` bytes) with 8 bytes for a trailer at
+/// the end of glibc's usable area, written when it is recorded; a larger one 16 bytes into
+/// glibc's block, after a header written now as not yet recorded (see
+/// `heapdump_instrumentation::trailer` and `header`). Returns the block and its trailer's
+/// address (0: a header, or a block glibc made larger than a trailer's chunk, which is indexed).
+///
+/// # Safety
+/// `alloc` is `__libc_malloc`, or a zeroing allocation of that many bytes.
 #[inline(always)]
-fn record_trailed(p: *mut c_void, size: size_t, fp: usize, forwarded: bool, at: u64) {
+unsafe fn new_marked(
+    size: size_t,
+    alloc: unsafe extern "C" fn(size_t) -> *mut c_void,
+) -> (*mut c_void, u64) {
+    // Sampling mode: headers only (see `mark_of`).
+    if size <= trailer::MAX_REQUEST && !trailer::sampled_only() {
+        // SAFETY: per the contract; `size + 8` does not overflow.
+        let p = unsafe { alloc(size + trailer::SIZE) };
+        // SAFETY: `p` is null or a block of at least `size + 8` bytes just made by glibc.
+        return (p, unsafe { trailed(p) });
+    }
+    let Some(total) = size.checked_add(header::SIZE) else {
+        set_errno(libc::ENOMEM);
+        return (std::ptr::null_mut(), 0);
+    };
+    // SAFETY: per the contract, with room for the header.
+    let q = unsafe { alloc(total) };
+    // SAFETY: `q` is null or a block of `size + 16` bytes.
+    (unsafe { headed(q, size) }, 0)
+}
+
+/// `__libc_calloc(1, n)`, for [`new_marked`].
+unsafe extern "C" fn zeroed(n: size_t) -> *mut c_void {
+    // SAFETY: forwarding to glibc.
+    unsafe { __libc_calloc(1, n) }
+}
+
+/// Records block `p` just made by [`new_marked`] (`at`: its trailer, or 0): sampled already in
+/// sampling mode ([`trailer::sampled_only`]: only sampled blocks get a mark), else every block
+/// is recorded. `forwarded`: it replaces a recorded block (`realloc`).
+#[inline(always)]
+fn record_marked(p: *mut c_void, size: size_t, fp: usize, forwarded: bool, at: u64) {
     if trailer::sampled_only() {
         record_sampled(p as *mut u8, size, fp, forwarded, at);
     } else if forwarded {
@@ -83,16 +115,10 @@ fn record_trailed(p: *mut c_void, size: size_t, fp: usize, forwarded: bool, at: 
     }
 }
 
-/// What to ask glibc for to hand out `size` bytes with a trailer after them: `size + 8`
-/// (see `heapdump_instrumentation::trailer`); `None` on overflow (ENOMEM).
-#[inline(always)]
-fn with_trailer(size: size_t) -> Option<size_t> {
-    size.checked_add(trailer::SIZE)
-}
-
-/// Where the trailer of block `p` just made by glibc goes (0 for null). The record's insert
-/// writes it (see `hooks::record_alloc_trailed`); a block left unrecorded (sampling, a
-/// forwarded call, a full table) gets none and is treated as one without a trailer.
+/// Where the trailer of block `p` just made by glibc goes (0 for null, or for a chunk too large
+/// for one). The record's insert writes it (see `hooks::record_alloc_trailed`); a block left
+/// unrecorded (sampling, a forwarded call, a full table) gets none and is treated as one
+/// without a trailer.
 ///
 /// # Safety
 /// `p` is null or a block of at least `size + 8` bytes just returned by glibc, `size` what the
@@ -107,40 +133,91 @@ unsafe fn trailed(p: *mut c_void) -> u64 {
     unsafe { trailer::locate(p as u64) }
 }
 
-/// The trailer of block `p`: `(record, where)`, if it has one.
+/// The program's block in glibc's block `q` (null stays null), its header written as not yet
+/// recorded (see `heapdump_instrumentation::header`).
+///
+/// # Safety
+/// `q` is null or a block of at least `size + 16` bytes just returned by glibc.
+#[inline(always)]
+unsafe fn headed(q: *mut c_void, size: size_t) -> *mut c_void {
+    if q.is_null() {
+        return q;
+    }
+    // SAFETY: per the contract, q .. q + 16 is the header's room.
+    unsafe {
+        let p = (q as *mut u8).add(header::SIZE);
+        header::write(p as u64, header::NONE, header::size32(size as u64));
+        p as *mut c_void
+    }
+}
+
+/// Where a block keeps its record number.
+#[derive(Clone, Copy)]
+enum Mark {
+    /// Nowhere: the address index.
+    None,
+    /// A header before it: glibc's block is 16 bytes lower.
+    Header,
+    /// A trailer at the address given, naming a record.
+    Trailer(u32, u64),
+}
+
+/// The mark of block `p`. The word at `p - 8` tells a header (see `header::marked`) from glibc's
+/// chunk header, from which a trailer is found. In sampling mode, where most blocks have no
+/// mark, sampled blocks get headers only: a free of an unsampled block then reads only the
+/// word glibc's own free reads first, and no block's last word (nor, for a trailer's check,
+/// the record it would name).
 ///
 /// # Safety
 /// `p` is null or a pointer the program hands to `free`, `realloc` or `malloc_usable_size`
-/// (see `trailer::read`).
+/// (see `header::read` and `trailer::read`).
 #[inline(always)]
-unsafe fn trailer_of(p: *mut c_void) -> Option<(u32, u64)> {
+unsafe fn mark_of(p: *mut c_void) -> Mark {
     if !trailer::on() {
-        return None;
+        return Mark::None;
     }
     // SAFETY: per the contract.
-    unsafe { trailer::read(p as u64) }
+    unsafe {
+        if header::read(p as u64).is_some() {
+            return Mark::Header;
+        }
+        if trailer::sampled_only() {
+            return Mark::None;
+        }
+        match trailer::read(p as u64) {
+            Some((n, at)) => Mark::Trailer(n, at),
+            None => Mark::None,
+        }
+    }
 }
 
-/// Clears block `p`'s trailer, if it has one, and gives the block back to glibc.
+/// Gives block `p` back to glibc, its mark cleared first. Its record (if any) was closed.
 ///
 /// # Safety
-/// As `free(3)`; `p`'s record (if any) was closed.
+/// As `free(3)`; `m` is `p`'s mark.
 #[inline(always)]
-unsafe fn release(p: *mut c_void, at: Option<u64>) {
-    // SAFETY: per the contract; `at` is `p`'s trailer.
+unsafe fn release(p: *mut c_void, m: Mark) {
+    // SAFETY: per the contract.
     unsafe {
-        if let Some(at) = at {
-            trailer::clear(at);
+        match m {
+            Mark::None => __libc_free(p),
+            Mark::Header => {
+                header::clear(p as u64);
+                __libc_free((p as *mut u8).sub(header::SIZE) as *mut c_void);
+            }
+            Mark::Trailer(_, at) => {
+                trailer::clear(at);
+                __libc_free(p);
+            }
         }
-        __libc_free(p);
     }
 }
 
 /// What the deferred free of a signal handler's block calls once its record is closed (see
-/// `state::set_real_free`): its trailer is cleared and glibc gets it.
+/// `state::set_real_free`): its mark is cleared and glibc gets it.
 unsafe extern "C" fn free_block(p: *mut c_void) {
     // SAFETY: `p` is a block the program freed, held back until now.
-    unsafe { release(p, trailer_of(p).map(|t| t.1)) }
+    unsafe { release(p, mark_of(p)) }
 }
 
 /// `free(3)`.
@@ -158,18 +235,16 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // its own work that may fail a system call (start-up, thread registration) restores errno.
     // A signal handler that interrupted this thread's recording: the shim frees the block
     // when the interrupted operation ends, after closing its record.
-    // SAFETY: the caller's pointer for free (see `trailer_of`).
-    let t = unsafe { trailer_of(ptr) };
-    let held = match t {
-        Some((n, at)) if n != trailer::NONE => {
-            record_free_deferrable_trailed(ptr as *mut u8, n, at)
-        }
-        // No trailer, or one without a record there: the address index.
-        _ => record_free_deferrable_plain(ptr as *mut u8),
+    // SAFETY: the caller's pointer for free (see `mark_of`).
+    let m = unsafe { mark_of(ptr) };
+    let held = match m {
+        Mark::Header => record_free_deferrable_headed(ptr as *mut u8),
+        Mark::Trailer(n, at) => record_free_deferrable_trailed(ptr as *mut u8, n, at),
+        Mark::None => record_free_deferrable_plain(ptr as *mut u8),
     };
     if !held {
-        // SAFETY: the caller's pointer; its record (if any) was just closed.
-        unsafe { release(ptr, t.map(|t| t.1)) };
+        // SAFETY: the caller's pointer, its mark; its record (if any) was just closed.
+        unsafe { release(ptr, m) };
     }
 }
 
@@ -187,15 +262,14 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
             // SAFETY: forwarding to glibc (which checks n * size for overflow).
             return unsafe { __libc_calloc(n, size) };
         }
-        let Some((bytes, total)) = bytes.and_then(|b| Some((b, with_trailer(b)?))) else {
+        let Some(bytes) = bytes else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
-        // SAFETY: forwarding to glibc, with room for the trailer (zeroed, then written).
-        let p = unsafe { __libc_calloc(1, total) };
-        // SAFETY: `p` is null or a block of `n * size + 8` bytes just made by glibc.
-        let at = unsafe { trailed(p) };
-        record_trailed(p, bytes, fp, false, at);
+        // SAFETY: `calloc`'s contract; a zeroing allocation (the mark's room zeroed too, then
+        // written).
+        let (p, at) = unsafe { new_marked(bytes, zeroed) };
+        record_marked(p, bytes, fp, false, at);
         return p;
     }
     // SAFETY: forwarding to glibc (which checks n * size for overflow).
@@ -233,28 +307,26 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
                 // SAFETY: forwarding to glibc, as malloc(size).
                 return unsafe { __libc_malloc(size) };
             }
-            let Some(total) = with_trailer(size) else {
-                set_errno(libc::ENOMEM);
-                return std::ptr::null_mut();
-            };
             // SAFETY: as in malloc.
-            let p = unsafe { __libc_malloc(total) };
-            // SAFETY: as in malloc.
-            let at = unsafe { trailed(p) };
-            record_trailed(p, size, fp, false, at);
+            let (p, at) = unsafe { new_marked(size, __libc_malloc) };
+            record_marked(p, size, fp, false, at);
             return p;
         }
         // SAFETY: the caller's pointer for realloc.
-        if let Some((n, at)) = unsafe { trailer::read(ptr as u64) } {
+        match unsafe { mark_of(ptr) } {
+            // SAFETY: as above; the block has a header.
+            Mark::Header => return unsafe { realloc_headed(ptr, size, fp) },
             // SAFETY: as above; `at` is its trailer, naming `n`.
-            return unsafe { realloc_trailed(ptr, n, at, size, fp) };
+            Mark::Trailer(n, at) => return unsafe { realloc_trailed(ptr, n, at, size, fp) },
+            Mark::None if trailer::sampled_only() => {
+                // SAFETY: as above; `ptr` has no mark.
+                return unsafe { realloc_sampling(ptr, size, fp) };
+            }
+            // A block without a mark (allocated before the shim started, aligned, or made
+            // larger than asked by glibc) stays without one: glibc's realloc, recorded
+            // through the address index.
+            Mark::None => {}
         }
-        if trailer::sampled_only() {
-            // SAFETY: as above; `ptr` has no trailer.
-            return unsafe { realloc_sampling(ptr, size, fp) };
-        }
-        // A block without a trailer (allocated before the shim started, or aligned) stays
-        // without one: glibc's realloc, recorded through the address index.
     }
     let old = record_free(ptr as *mut u8);
     // SAFETY: forwarding to glibc with the caller's arguments.
@@ -272,9 +344,50 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
     q
 }
 
-/// `realloc` of a block with a trailer at `at` naming record `n` ([`trailer::NONE`]: look in
-/// the address index): glibc reallocates the block with room for a trailer, which is written
-/// again at the new block's end. `realloc(p, 0)` frees `p` and returns null, as glibc's does.
+/// `realloc` of a block with a header: glibc reallocates the whole (header included), and the
+/// header is written again for the new address (whatever the new size: the mark is decided
+/// when a block is made). `realloc(p, 0)` frees `p` and returns null, as glibc's does.
+///
+/// # Safety
+/// As `realloc(3)`; `ptr` has a header.
+#[inline(always)]
+unsafe fn realloc_headed(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
+    if size == 0 {
+        // SAFETY: as free(ptr), which is what glibc's realloc(ptr, 0) does.
+        unsafe { free(ptr) };
+        return std::ptr::null_mut();
+    }
+    let Some(total) = size.max(16).checked_add(header::SIZE) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    let old = record_free_headed(ptr as *mut u8);
+    // SAFETY: glibc's block is ptr - 16 (it has a header); forwarding with room for it.
+    let q = unsafe { __libc_realloc((ptr as *mut u8).sub(header::SIZE) as *mut c_void, total) };
+    if q.is_null() {
+        // Failure leaves the old block, and its header, valid: record it again.
+        if let Some(old_size) = old {
+            record_realloc(ptr as *mut u8, old_size as usize, fp);
+        }
+        return q;
+    }
+    // SAFETY: `q` is a block of `size + 16` bytes.
+    let p = unsafe { headed(q, size) };
+    // Sampling mode: the block keeps its header whether or not its new size is sampled.
+    if old.is_some() {
+        record_realloc(p as *mut u8, size, fp);
+    } else {
+        record_alloc(p as *mut u8, size, fp);
+    }
+    p
+}
+
+/// `realloc` of a block with a trailer at `at` naming record `n`. Up to
+/// `trailer::MAX_REQUEST` bytes, glibc reallocates the block with room for a trailer, written
+/// again at the new block's end (where glibc made a larger chunk than a trailer's, the new
+/// block is indexed); beyond, the block moves into a new one with a header (`realloc` may
+/// always move; the old block is at most `MAX_REQUEST` bytes). `realloc(p, 0)` frees `p` and
+/// returns null, as glibc's does.
 ///
 /// # Safety
 /// As `realloc(3)`; `ptr` has a trailer at `at` naming `n`.
@@ -291,16 +404,30 @@ unsafe fn realloc_trailed(
         unsafe { free(ptr) };
         return std::ptr::null_mut();
     }
-    let Some(total) = with_trailer(size) else {
-        set_errno(libc::ENOMEM);
-        return std::ptr::null_mut();
-    };
     let old = record_free_trailed(ptr as *mut u8, n, at);
-    // SAFETY: the trailer is the shim's; glibc may now move, grow or shrink the block (a
-    // shrink in place may hand the trailer's bytes to a new free chunk).
-    let q = unsafe {
-        trailer::clear(at);
-        __libc_realloc(ptr, total)
+    let (q, new_at) = if size <= trailer::MAX_REQUEST {
+        // SAFETY: the trailer is the shim's; glibc may now move, grow or shrink the block (a
+        // shrink in place may hand the trailer's bytes to a new free chunk).
+        let q = unsafe {
+            trailer::clear(at);
+            __libc_realloc(ptr, size + trailer::SIZE)
+        };
+        // SAFETY: `q` is null or a block of at least `size + 8` bytes just made by glibc.
+        (q, unsafe { trailed(q) })
+    } else {
+        // SAFETY: a new block with a header; the old block's bytes before its trailer are the
+        // program's, the two blocks distinct; then the old block goes back to glibc, as
+        // glibc's realloc does when it moves.
+        unsafe {
+            let (q, _) = new_marked(size, __libc_malloc);
+            if !q.is_null() {
+                let keep = ((at - ptr as u64) as usize).min(size);
+                std::ptr::copy_nonoverlapping(ptr as *const u8, q as *mut u8, keep);
+                trailer::clear(at);
+                __libc_free(ptr);
+            }
+            (q, 0)
+        }
     };
     if q.is_null() {
         // Failure leaves the old block valid: recorded again (its trailer written again).
@@ -309,24 +436,22 @@ unsafe fn realloc_trailed(
         }
         return q;
     }
-    // SAFETY: `q` is a block of at least `size + 8` bytes just made by glibc.
-    let at = unsafe { trailed(q) };
-    // Sampling mode: the block keeps its trailer whether or not its new size is sampled.
+    // Sampling mode: the block keeps a mark whether or not its new size is sampled.
     if old.is_some() {
-        record_realloc_trailed(q as *mut u8, size, fp, at);
+        record_realloc_trailed(q as *mut u8, size, fp, new_at);
     } else {
-        record_alloc_trailed(q as *mut u8, size, fp, at);
+        record_alloc_trailed(q as *mut u8, size, fp, new_at);
     }
     q
 }
 
-/// Sampling mode with trailers: `realloc` of a block without a trailer (not sampled, or of the
+/// Sampling mode with marks: `realloc` of a block without one (not sampled, or of the
 /// `memalign` family). The new block is sampled by its size like any allocation: a sampled one
-/// is moved into a block with a trailer (`realloc` may always move), any other is glibc's
+/// is moved into a block with a mark (`realloc` may always move), any other is glibc's
 /// `realloc` of the block as it is.
 ///
 /// # Safety
-/// As `realloc(3)`; `ptr` is not null and has no trailer.
+/// As `realloc(3)`; `ptr` is not null and has no mark.
 #[inline(never)]
 unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
     let old = record_free(ptr as *mut u8);
@@ -341,26 +466,18 @@ unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_
         }
         return q;
     }
-    let Some(total) = with_trailer(size) else {
-        if let Some(old_size) = old {
-            record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
-        }
-        set_errno(libc::ENOMEM);
-        return std::ptr::null_mut();
-    };
-    // SAFETY: forwarding to glibc, with room for the trailer.
-    let q = unsafe { __libc_malloc(total) };
+    // SAFETY: as in malloc.
+    let (q, at) = unsafe { new_marked(size, __libc_malloc) };
     if q.is_null() {
         if let Some(old_size) = old {
             record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
         }
         return q;
     }
-    // SAFETY: `q` is a block of `size + 8` bytes; the old block's usable bytes are the
+    // SAFETY: `q` is a block of at least `size` bytes; the old block's usable bytes are the
     // program's (glibc's own realloc copies them the same way), and the two blocks are
     // distinct; then the old block goes back to glibc, as glibc's realloc does when it moves.
     unsafe {
-        let at = trailed(q);
         let keep = malloc_usable_size(ptr).min(size);
         std::ptr::copy_nonoverlapping(ptr as *const u8, q as *mut u8, keep);
         __libc_free(ptr);
@@ -500,11 +617,14 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(p)
     };
     // SAFETY: the caller's pointer for malloc_usable_size.
-    if let Some((_, at)) = unsafe { trailer_of(ptr) } {
+    match unsafe { mark_of(ptr) } {
         // The bytes before the trailer.
-        return (at - ptr as u64) as size_t;
+        Mark::Trailer(_, at) => (at - ptr as u64) as size_t,
+        // SAFETY: glibc's block is ptr - 16.
+        Mark::Header => usable(unsafe { (ptr as *mut u8).sub(header::SIZE) } as *mut c_void)
+            .saturating_sub(header::SIZE),
+        Mark::None => usable(ptr),
     }
-    usable(ptr)
 }
 
 /// `dlopen(3)`, then a refresh of the module table.
