@@ -991,12 +991,7 @@ def setup_memray(py, peer):
 
 def section_python(args, peers):
     """CPython under baseline, heapdump (CFI and frame-pointer unwinding) and heaptrack."""
-    py = find_debian_python()
-    if not py:
-        msg = install_missing(["python3"], not args.no_install)
-        if msg:
-            log(msg)
-        py = find_debian_python()
+    py = python_for_bench(args)
     out = [f"## CPython workload (bench/py_workload.py {args.py_iters}, "
            f"{py or 'no Debian python3'}, pymalloc unless noted, {args.rounds} rounds)", ""]
     if not py:

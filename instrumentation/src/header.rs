@@ -45,9 +45,7 @@ pub const SIZE: usize = 16;
 /// `node` of a block that has a header but no record.
 pub const NONE: u32 = u32::MAX;
 
-static ON: AtomicBool = AtomicBool::new(false);
-static SAMPLED_ONLY: AtomicBool = AtomicBool::new(false);
-static KEY: AtomicU64 = AtomicU64::new(0);
+static MARKS: Marks = Marks::new();
 
 #[repr(C)]
 struct Header {
@@ -60,14 +58,14 @@ const _: () = assert!(std::mem::size_of::<Header>() == SIZE);
 /// Whether blocks get headers (set once by [`enable`], never cleared).
 #[inline(always)]
 pub fn on() -> bool {
-    ON.load(Ordering::Relaxed)
+    MARKS.on.load(Ordering::Relaxed)
 }
 
 /// Whether only sampled blocks get headers (sampling mode, [`enable_sampled_only`]); when false
 /// and [`on`], every block the preloaded wrappers allocate gets one.
 #[inline(always)]
 pub fn sampled_only() -> bool {
-    SAMPLED_ONLY.load(Ordering::Relaxed)
+    MARKS.sampled_only.load(Ordering::Relaxed)
 }
 
 /// Sampling mode: turns headers on for sampled blocks only. The wrappers decide whether to
@@ -76,39 +74,66 @@ pub fn sampled_only() -> bool {
 /// anyway), with no lookup for the unsampled majority (before: a load from the address index's
 /// presence filter, which missed the L1 cache under allocation-heavy work).
 pub fn enable_sampled_only() {
-    SAMPLED_ONLY.store(true, Ordering::Relaxed);
-    enable();
+    MARKS.enable(true);
 }
 
 /// Turns headers on for the rest of the process's life (the preloaded shim, once recording
-/// started, every allocation recorded). The key comes from `getrandom(2)`, or when that fails
-/// from the clock and addresses (a weaker key only makes a deliberate forgery easier, and the
-/// program itself is the only one that could try).
+/// started, every allocation recorded; `HeapdumpAlloc`, at its first block).
 pub fn enable() {
-    if on() {
-        return;
+    MARKS.enable(false);
+}
+
+/// The switches and key of one kind of mark kept next to blocks (headers here, and
+/// [`crate::trailer`]s): turned on once, never off.
+#[derive(Debug)]
+pub(crate) struct Marks {
+    pub(crate) on: AtomicBool,
+    pub(crate) sampled_only: AtomicBool,
+    pub(crate) key: AtomicU64,
+}
+
+impl Marks {
+    pub(crate) const fn new() -> Self {
+        Marks {
+            on: AtomicBool::new(false),
+            sampled_only: AtomicBool::new(false),
+            key: AtomicU64::new(0),
+        }
     }
-    let mut key = 0u64;
-    // SAFETY: writing at most 8 bytes into a local u64.
-    let got = unsafe {
-        libc::getrandom(
-            &mut key as *mut u64 as *mut libc::c_void,
-            8,
-            libc::GRND_NONBLOCK,
-        )
-    };
-    if got != 8 {
-        key = vmo_layout::clock::precise_ns() ^ ((&key as *const u64 as u64) << 17);
+
+    /// Turns the marks on (for sampled blocks only: `sampled_only`). The key comes from
+    /// `getrandom(2)`, or when that fails from the clock and an address (a weaker key only
+    /// makes a deliberate forgery easier, and the program itself is the only one that could
+    /// try); it is odd, never 0.
+    pub(crate) fn enable(&self, sampled_only: bool) {
+        if sampled_only {
+            self.sampled_only.store(true, Ordering::Relaxed);
+        }
+        if self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut key = 0u64;
+        // SAFETY: writing at most 8 bytes into a local u64.
+        let got = unsafe {
+            libc::getrandom(
+                &mut key as *mut u64 as *mut libc::c_void,
+                8,
+                libc::GRND_NONBLOCK,
+            )
+        };
+        if got != 8 {
+            key = vmo_layout::clock::precise_ns() ^ ((&key as *const u64 as u64) << 17);
+        }
+        self.key.store(key | 1, Ordering::Relaxed);
+        self.on.store(true, Ordering::Release);
     }
-    KEY.store(key | 1, Ordering::Relaxed);
-    ON.store(true, Ordering::Release);
 }
 
 /// The tag of a header at `p - 16` holding `node` and `size` (bit 3 set: never a glibc chunk
 /// size, never 0).
 #[inline(always)]
 fn tag(p: u64, node: u32, size: u32) -> u64 {
-    let k = KEY.load(Ordering::Relaxed);
+    let k = MARKS.key.load(Ordering::Relaxed);
     let x = (p ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((node as u64) << 32 | size as u64);
     let x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     (x ^ (x >> 31)) | 8

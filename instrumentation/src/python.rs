@@ -401,10 +401,7 @@ fn allocator_words(a: &PyMemAllocatorEx) -> [usize; 5] {
 /// an allocator hook holding its lock (tracemalloc's: a first version that made a probe block
 /// here deadlocked `python3 -X tracemalloc`).
 fn glibc_domain(py: &Py, a: &PyMemAllocatorEx) -> bool {
-    crate::trailer::on()
-        && !crate::trailer::sampled_only()
-        && py.raw_default[1] != 0
-        && allocator_words(a) == py.raw_default
+    crate::trailer::on() && py.raw_default[1] != 0 && allocator_words(a) == py.raw_default
 }
 
 #[cold]

@@ -199,8 +199,8 @@ pub fn enable_block_headers() {
                 crate::header::enable();
                 crate::trailer::enable();
             } else {
+                // Sampled blocks get headers only (see the preload crate's `mark_of`).
                 crate::header::enable_sampled_only();
-                crate::trailer::enable_sampled_only();
             }
         }
     }

@@ -42,7 +42,8 @@
 //! for; the trailer is rewritten when `realloc` moves or resizes a block and cleared before the
 //! block goes back to glibc, so a stale trailer never names a record.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::header::Marks;
+use std::sync::atomic::Ordering;
 
 /// Bytes the trailer takes at the end of glibc's usable area.
 pub const SIZE: usize = 8;
@@ -60,59 +61,26 @@ pub const MAX_REQUEST: usize = MAX_CHUNK as usize - 16;
 /// trailers are written only for recorded blocks, still understood.
 pub const NONE: u32 = u32::MAX;
 
-static ON: AtomicBool = AtomicBool::new(false);
-static SAMPLED_ONLY: AtomicBool = AtomicBool::new(false);
-static KEY: AtomicU64 = AtomicU64::new(0);
+static MARKS: Marks = Marks::new();
 
 /// Whether blocks get trailers (set once by [`enable`], never cleared).
 #[inline(always)]
 pub fn on() -> bool {
-    ON.load(Ordering::Relaxed)
-}
-
-/// Whether only sampled blocks get trailers (sampling mode, [`enable_sampled_only`]); when
-/// false and [`on`], every block the preloaded `malloc`, `calloc` and `realloc` make gets one.
-#[inline(always)]
-pub fn sampled_only() -> bool {
-    SAMPLED_ONLY.load(Ordering::Relaxed)
-}
-
-/// Sampling mode: trailers for sampled blocks only. A free then tells a sampled block from the
-/// others by its trailer, with no lookup for the unsampled majority.
-pub fn enable_sampled_only() {
-    SAMPLED_ONLY.store(true, Ordering::Relaxed);
-    enable();
+    MARKS.on.load(Ordering::Relaxed)
 }
 
 /// Turns trailers on for the rest of the process's life (the preloaded shim, once recording
-/// started). The key comes from `getrandom(2)`, or when that fails from the clock and an
-/// address (a weaker key only makes a deliberate forgery easier, which the record check still
-/// catches, and only the program itself could try).
+/// started and every allocation is recorded: in sampling mode sampled blocks get headers only;
+/// see [`Marks::enable`] for the key).
 pub fn enable() {
-    if on() {
-        return;
-    }
-    let mut key = 0u64;
-    // SAFETY: writing at most 8 bytes into a local u64.
-    let got = unsafe {
-        libc::getrandom(
-            &mut key as *mut u64 as *mut libc::c_void,
-            8,
-            libc::GRND_NONBLOCK,
-        )
-    };
-    if got != 8 {
-        key = vmo_layout::clock::precise_ns() ^ ((&key as *const u64 as u64) << 17);
-    }
-    KEY.store(key, Ordering::Relaxed);
-    ON.store(true, Ordering::Release);
+    MARKS.enable(false);
 }
 
 /// The trailer word of block `p` naming `node`: `node` in bits 0..32, the tag (never 0) in
 /// bits 32..64.
 #[inline(always)]
 fn word(p: u64, node: u32) -> u64 {
-    let k = KEY.load(Ordering::Relaxed);
+    let k = MARKS.key.load(Ordering::Relaxed);
     let x = (p ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ node as u64;
     let x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     let tag = ((x ^ (x >> 29)) >> 32) as u32 | 1;

@@ -45,8 +45,8 @@ extern "C" {
 #[inline(never)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
-    if trailer::on() {
-        if trailer::sampled_only() && !sample_next(size) {
+    if header::on() {
+        if header::sampled_only() && !sample_next(size) {
             // Sampling mode, not sampled: glibc's block as it is, no mark, no record.
             // SAFETY: forwarding to glibc with the caller's arguments.
             return unsafe { __libc_malloc(size) };
@@ -79,7 +79,7 @@ unsafe fn new_marked(
     alloc: unsafe extern "C" fn(size_t) -> *mut c_void,
 ) -> (*mut c_void, u64) {
     // Sampling mode: headers only (see `mark_of`).
-    if size <= trailer::MAX_REQUEST && !trailer::sampled_only() {
+    if size <= trailer::MAX_REQUEST && trailer::on() {
         // SAFETY: per the contract; `size + 8` does not overflow.
         let p = unsafe { alloc(size + trailer::SIZE) };
         // SAFETY: `p` is null or a block of at least `size + 8` bytes just made by glibc.
@@ -102,11 +102,11 @@ unsafe extern "C" fn zeroed(n: size_t) -> *mut c_void {
 }
 
 /// Records block `p` just made by [`new_marked`] (`at`: its trailer, or 0): sampled already in
-/// sampling mode ([`trailer::sampled_only`]: only sampled blocks get a mark), else every block
+/// sampling mode ([`header::sampled_only`]: only sampled blocks get a mark), else every block
 /// is recorded. `forwarded`: it replaces a recorded block (`realloc`).
 #[inline(always)]
 fn record_marked(p: *mut c_void, size: size_t, fp: usize, forwarded: bool, at: u64) {
-    if trailer::sampled_only() {
+    if header::sampled_only() {
         record_sampled(p as *mut u8, size, fp, forwarded, at);
     } else if forwarded {
         record_realloc_trailed(p as *mut u8, size, fp, at);
@@ -173,7 +173,7 @@ enum Mark {
 /// (see `header::read` and `trailer::read`).
 #[inline(always)]
 unsafe fn mark_of(p: *mut c_void) -> Mark {
-    if !trailer::on() {
+    if !header::on() {
         return Mark::None;
     }
     // SAFETY: per the contract.
@@ -181,7 +181,7 @@ unsafe fn mark_of(p: *mut c_void) -> Mark {
         if header::read(p as u64).is_some() {
             return Mark::Header;
         }
-        if trailer::sampled_only() {
+        if !trailer::on() {
             return Mark::None;
         }
         match trailer::read(p as u64) {
@@ -256,9 +256,9 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[inline(never)]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
-    if trailer::on() {
+    if header::on() {
         let bytes = n.checked_mul(size);
-        if trailer::sampled_only() && !sample_next(bytes.unwrap_or(0)) {
+        if header::sampled_only() && !sample_next(bytes.unwrap_or(0)) {
             // SAFETY: forwarding to glibc (which checks n * size for overflow).
             return unsafe { __libc_calloc(n, size) };
         }
@@ -301,9 +301,9 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 /// As `realloc(3)`; `fp` is the exported function's frame pointer.
 #[inline(always)]
 unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void {
-    if trailer::on() {
+    if header::on() {
         if ptr.is_null() {
-            if trailer::sampled_only() && !sample_next(size) {
+            if header::sampled_only() && !sample_next(size) {
                 // SAFETY: forwarding to glibc, as malloc(size).
                 return unsafe { __libc_malloc(size) };
             }
@@ -318,7 +318,7 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
             Mark::Header => return unsafe { realloc_headed(ptr, size, fp) },
             // SAFETY: as above; `at` is its trailer, naming `n`.
             Mark::Trailer(n, at) => return unsafe { realloc_trailed(ptr, n, at, size, fp) },
-            Mark::None if trailer::sampled_only() => {
+            Mark::None if header::sampled_only() => {
                 // SAFETY: as above; `ptr` has no mark.
                 return unsafe { realloc_sampling(ptr, size, fp) };
             }
