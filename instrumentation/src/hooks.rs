@@ -526,6 +526,7 @@ fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64>
 
 /// Stamps record `n` freed (`size32`: the block's size from its header, `u32::MAX` to read it
 /// from the record) and recycles it. Returns its size.
+#[inline(always)]
 fn close(g: &Global, t: &Tls, n: u32, size32: u32) -> u64 {
     let held = acquire_slot(g, t);
     let (slot_idx, slot) = (held.idx, held.slot);
