@@ -504,6 +504,75 @@ fn large_objects_recorded_once() {
     }
 }
 
+const REBORN: &str = r#"import os, sys
+held = []
+codes = set()
+for i in range(300):
+    ns = {}
+    exec(compile("def f%d(n):\n    return bytes(n)\n" % i, "gen%d.py" % i, "exec"), ns)
+    fn = ns["f%d" % i]
+    codes.add(id(fn.__code__))
+    held.append(fn(20000 + i))
+    del ns, fn
+print("ready", os.getpid(), len(codes), flush=True)
+sys.stdin.read()
+"#;
+
+/// Code objects that die and are reborn at the same address, running the same instruction,
+/// keep their own names: 300 functions `f0`..`f299`, each called once and then freed, each
+/// allocating one `bytes` of 20,000 + i bytes. Every such block must be under its own `f{i}`
+/// (the script prints how many distinct code addresses it saw, which must be fewer than 300
+/// for the test to show anything), with pymalloc and with `PYTHONMALLOC=malloc`.
+#[test]
+fn reborn_code_objects_keep_their_names() {
+    for (label, py) in pythons("reborn_code_objects_keep_their_names") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-reborn");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("reborn.py");
+            std::fs::write(&script, REBORN).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let distinct: usize = r.ready[1].parse().unwrap();
+            assert!(
+                distinct < 300,
+                "{label}: no code object was reborn at an earlier one's address: the test shows nothing"
+            );
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let mut found = vec![0i64; 300];
+            for s in &st {
+                let Some(name) = s.chain().first().copied() else {
+                    continue;
+                };
+                let Some(i) = name.strip_prefix('f').and_then(|n| n.parse::<usize>().ok()) else {
+                    continue;
+                };
+                // PyBytesObject: 32 bytes of header and the payload's NUL.
+                assert_eq!(
+                    (s.blocks, s.bytes),
+                    (1, 20_000 + i as i64 + 33),
+                    "{label}, PYTHONMALLOC=malloc {malloc}: {name}: {s:#?}"
+                );
+                found[i] += 1;
+            }
+            assert!(
+                found.iter().all(|&n| n == 1),
+                "{label}, PYTHONMALLOC=malloc {malloc}: functions with no or several blocks: {:?}",
+                found
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &n)| n != 1)
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}
+
 /// A program that is not Python is recorded as before (no Python frame, no code record).
 #[test]
 fn c_program_has_no_python_frames() {

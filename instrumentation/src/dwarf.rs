@@ -1365,11 +1365,32 @@ fn reuse(
     cur: &mut Capture,
 ) -> Result<usize, usize> {
     let read = |a: u64| stack_word(a, lo, hi);
+    // The return-address slots `l.sp[k] - 8`: every one was read through `stack_word` when
+    // `l` was walked (8-aligned, below the same stack top `hi`, which the caller checked),
+    // and `l.sp` strictly increases (each frame lies above the one it called), so one check
+    // of the range's ends bounds them all. That range starts at or above the walk's stack
+    // pointer: `l.sp[c]` is the walk's `sp` at frame `i`.
+    let first = l.sp[c + 1].wrapping_sub(8);
+    let last = l.sp[l.n - 1].wrapping_sub(8);
+    if first < lo || last > hi.wrapping_sub(8) || first > last {
+        return Err(c + 1);
+    }
+    // Where a frame's rbp was saved: aligned as read before, but not ordered; in bounds when
+    // `at - lo` is at most `span`.
+    let span = hi.wrapping_sub(8).wrapping_sub(lo);
     for k in c + 1..l.n {
-        if read(l.sp[k].wrapping_sub(8)) != Some(l.out[k]) {
+        debug_assert!(l.sp[k] > l.sp[k - 1] && l.sp[k].is_multiple_of(8));
+        // SAFETY: in `[first, last]`, inside this thread's mapped stack (above).
+        if unsafe { *(l.sp[k].wrapping_sub(8) as *const u64) } != l.out[k] {
             return Err(k);
         }
-        if l.bp_at[k] != 0 && read(l.bp_at[k]) != Some(l.bp[k]) {
+        let at = l.bp_at[k];
+        if at != 0
+            && (at.wrapping_sub(lo) > span
+                // SAFETY: inside `[lo, hi - 8]` (checked just above) and 8-aligned (it was
+                // read through `stack_word` when `l` was walked).
+                || unsafe { *(at as *const u64) } != l.bp[k])
+        {
             return Err(k);
         }
     }

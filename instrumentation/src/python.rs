@@ -557,12 +557,15 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     }
     let mut out = first_eval;
     let mut visits = 0;
+    // SAFETY: this thread's own memo, used by one capture at a time (inside its reentrancy
+    // guard), unmapped only by the thread's exit handler.
+    let mut memo = frame_memo(t).map(|p| unsafe { &mut *p });
     for slot in &native[..len] {
         // SAFETY: the first `len` entries were written just above.
         let mut pc = unsafe { slot.assume_init() };
         if in_eval(pc) {
             let before = out;
-            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+            run_frames(g, py, &mut memo, &mut f, &mut visits, frames, &mut out);
             if out > before {
                 pc |= PYTHON_EVAL_FRAME;
             }
@@ -578,7 +581,7 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     // side, without the native frames between them, as memray and py-spy do.
     if n < MAX_FRAMES {
         while out < MAX_FRAMES && plausible(f) && visits < MAX_VISITS {
-            run_frames(g, py, &mut f, &mut visits, frames, &mut out);
+            run_frames(g, py, &mut memo, &mut f, &mut visits, frames, &mut out);
         }
     }
     out
@@ -590,46 +593,46 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
 fn run_frames(
     g: &Global,
     py: &Py,
+    memo: &mut Option<&mut FrameMemo>,
     f: &mut usize,
     visits: &mut usize,
     frames: &mut [u64; MAX_FRAMES],
     out: &mut usize,
 ) {
     let o = &py.off;
-    {
-        let (f, visits, out) = (f, visits, out);
-        while plausible(*f) && *visits < MAX_VISITS {
-            *visits += 1;
-            let cur = *f;
-            // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
-            // are those of its version.
-            let (owner, prev) =
-                unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
-            *f = prev;
-            if o.f_is_entry.is_none() && owner == OWNED_BY_CSTACK {
-                // 3.12+: the shim frame under the first frame of this run.
-                break;
+    while plausible(*f) && *visits < MAX_VISITS {
+        *visits += 1;
+        let cur = *f;
+        // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
+        // are those of its version.
+        let (owner, prev) = unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
+        *f = prev;
+        if o.f_is_entry.is_none() && owner == OWNED_BY_CSTACK {
+            // 3.12+: the shim frame under the first frame of this run.
+            break;
+        }
+        // SAFETY: as above.
+        let entry = o
+            .f_is_entry
+            .is_some_and(|e| unsafe { *((cur + e) as *const u8) } != 0);
+        if *out < MAX_FRAMES {
+            if let Some(v) = python_frame(g, py, memo.as_deref_mut(), cur) {
+                frames[*out] = v;
+                *out += 1;
             }
-            // SAFETY: as above.
-            let entry = o
-                .f_is_entry
-                .is_some_and(|e| unsafe { *((cur + e) as *const u8) } != 0);
-            if *out < MAX_FRAMES {
-                if let Some(v) = python_frame(g, py, cur) {
-                    frames[*out] = v;
-                    *out += 1;
-                }
-            }
-            if entry {
-                break;
-            }
+        }
+        if entry {
+            break;
         }
     }
 }
 
 /// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.
+///
+/// A frame whose code object, instruction and code identity are those of a frame this thread
+/// spliced before gets the value found then from `memo`, without the code table.
 #[inline]
-fn python_frame(g: &Global, py: &Py, f: usize) -> Option<u64> {
+fn python_frame(g: &Global, py: &Py, memo: Option<&mut FrameMemo>, f: usize) -> Option<u64> {
     let o = &py.off;
     // SAFETY: `f` is a live frame of this thread (see `splice_active`).
     let code = unsafe { rd(f, o.f_code) };
@@ -637,16 +640,104 @@ fn python_frame(g: &Global, py: &Py, f: usize) -> Option<u64> {
     if !plausible(code) || unsafe { rd(code, 8) } != py.code_type {
         return None;
     }
+    // SAFETY: `f` as above; `code` is a code object, alive while `f` runs it.
+    let (instr, ident) = unsafe { (rd(f, o.f_instr), identity(o, code)) };
+    let slot = memo.map(|m| &mut m.slots[FrameMemo::slot(code, instr)]);
+    if let Some(s) = &slot {
+        if s.code == code && s.instr == instr && s.ident == ident {
+            return Some(s.value);
+        }
+    }
     // SAFETY: a code object: `ob_size` (16) is its number of code units.
-    let (instr, units) = unsafe { (rd(f, o.f_instr), rd(code, 16)) };
+    let units = unsafe { rd(code, 16) };
     let base = code + o.co_adaptive;
     let index = if instr >= base && (instr - base) / 2 < units.min(u32::MAX as usize) {
         ((instr - base) / 2) as u64
     } else {
         u32::MAX as u64
     };
-    let id = code_id(g, py, code);
-    Some(PYTHON_FRAME | (id << 32) | index)
+    let id = code_id(g, py, code, fingerprint(&ident));
+    let value = PYTHON_FRAME | (id << 32) | index;
+    if let Some(s) = slot {
+        if id != 0 {
+            *s = Seen {
+                code,
+                instr,
+                ident,
+                value,
+            };
+        }
+    }
+    Some(value)
+}
+
+/// One frame a thread spliced: its code object, instruction pointer and code [`identity`],
+/// and the [`PYTHON_FRAME`] value found for them.
+#[derive(Clone, Copy)]
+struct Seen {
+    code: usize,
+    instr: usize,
+    ident: [usize; 3],
+    value: u64,
+}
+
+/// Entries of a [`FrameMemo`] (a power of two): 12 KiB a thread.
+const MEMO_SLOTS: usize = 256;
+
+/// A thread's memo of the Python frames it spliced, by code object and instruction
+/// (direct-mapped): most frames of a capture are those of the last one, still at the same
+/// instruction (the callers of the innermost frame), or a loop's few allocating lines.
+///
+/// Why a hit is exact: a frame's value is a function of its code object's record and the
+/// instruction's index in it. The index follows from the code object's address and the
+/// instruction pointer, both compared. The record is the code table's for that address and
+/// [`fingerprint`]: an entry matches only when the code object at that address has the same
+/// [`identity`] (qualified name and line table objects, first line) as when it was written,
+/// the very words the fingerprint is made of. In an anonymous mapping of the thread's own
+/// (`Tls::py_memo`), made at its first splice and unmapped at its exit.
+pub(crate) struct FrameMemo {
+    slots: [Seen; MEMO_SLOTS],
+}
+
+impl FrameMemo {
+    #[inline(always)]
+    fn slot(code: usize, instr: usize) -> usize {
+        let k = (code as u64 ^ (instr as u64).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (k >> 56) as usize & (MEMO_SLOTS - 1)
+    }
+}
+
+/// Sentinel in `Tls::py_memo`: mapping the memo failed; splice without it.
+const MEMO_NONE: usize = 1;
+
+/// The calling thread's frame memo, mapped at its first use; `None` when it cannot be.
+#[inline]
+fn frame_memo(t: &Tls) -> Option<*mut FrameMemo> {
+    let mut p = t.py_memo.get();
+    if p.is_null() {
+        if t.exited.get() {
+            return None;
+        }
+        // Zero-filled: no entry matches (code 0 is never plausible).
+        p = crate::sys::map_anon(std::mem::size_of::<FrameMemo>()) as *mut FrameMemo;
+        if p.is_null() {
+            p = MEMO_NONE as *mut FrameMemo;
+        }
+        t.py_memo.set(p);
+    }
+    if p as usize == MEMO_NONE {
+        return None;
+    }
+    Some(p)
+}
+
+/// Unmaps a thread's frame memo (its exit handler).
+pub(crate) fn free_frame_memo(t: &Tls) {
+    let p = t.py_memo.replace(MEMO_NONE as *mut FrameMemo);
+    if !p.is_null() && p as usize != MEMO_NONE {
+        // SAFETY: mapped by `frame_memo` with this size; the thread no longer splices.
+        unsafe { crate::sys::unmap(p as *mut u8, std::mem::size_of::<FrameMemo>()) };
+    }
 }
 
 // ---- code records ------------------------------------------------------------------------
@@ -665,37 +756,41 @@ fn codes_table() {
     CODES.store(p, Ordering::Release);
 }
 
-/// What tells a code object from an earlier one at the same address: its first line and the
-/// addresses of its qualified name and line table.
+/// What tells a code object from an earlier one at the same address: the addresses of its
+/// qualified name and line table, and its first line.
 ///
 /// # Safety
 /// `code` must be a live code object.
-#[inline]
-unsafe fn fingerprint(o: &Offsets, code: usize) -> u64 {
+#[inline(always)]
+unsafe fn identity(o: &Offsets, code: usize) -> [usize; 3] {
     // SAFETY: the caller's contract.
-    let (q, l, line) = unsafe {
-        (
+    unsafe {
+        [
             rd(code, o.co_qualname),
             rd(code, o.co_linetable),
-            *((code + o.co_firstlineno) as *const u32),
-        )
-    };
-    let h = (q as u64)
+            *((code + o.co_firstlineno) as *const u32) as usize,
+        ]
+    }
+}
+
+/// The 32-bit fingerprint of an [`identity`] kept in the code table.
+#[inline(always)]
+fn fingerprint(id: &[usize; 3]) -> u64 {
+    let h = (id[0] as u64)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .rotate_left(17)
-        ^ (l as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-        ^ line as u64;
+        ^ (id[1] as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ id[2] as u64;
     (h >> 32).max(1)
 }
 
-/// The record of `code` (written now if it is new), 0 when none can be written.
-fn code_id(g: &Global, py: &Py, code: usize) -> u64 {
+/// The record of `code` (written now if it is new), 0 when none can be written; `fp` is the
+/// [`fingerprint`] of its identity.
+fn code_id(g: &Global, py: &Py, code: usize, fp: u64) -> u64 {
     let t = CODES.load(Ordering::Acquire);
     if t.is_null() {
         return 0;
     }
-    // SAFETY: `code` is a live code object (its type was checked).
-    let fp = unsafe { fingerprint(&py.off, code) };
     let h = (code as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
     for i in 0..PROBES {
         let s = (h as usize + i) & (SLOTS - 1);

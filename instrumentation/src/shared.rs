@@ -202,6 +202,9 @@ pub struct Tls {
     /// `realloc` skips its own record of it while `py_skip` is set.
     pub(crate) py_closed: Cell<u64>,
     pub(crate) py_skip: Cell<bool>,
+    /// This thread's memo of spliced Python frames (null until its first splice; see
+    /// `python::FrameMemo`).
+    pub(crate) py_memo: Cell<*mut crate::python::FrameMemo>,
 }
 pub(crate) const EXITED: u32 = u32::MAX;
 
@@ -243,6 +246,7 @@ impl Tls {
             py_realloc: Cell::new(0),
             py_closed: Cell::new(u64::MAX),
             py_skip: Cell::new(false),
+            py_memo: Cell::new(std::ptr::null_mut()),
         }
     }
 

@@ -270,6 +270,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
                 unsafe { crate::dwarf::free_cache(c) };
             }
         }
+        crate::python::free_frame_memo(t);
         let slot = value as usize as u32;
         if slot != 0 && t.slot.get() == slot {
             g.writer.release_thread(slot - 1);
