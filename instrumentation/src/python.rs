@@ -600,31 +600,35 @@ fn run_frames(
     out: &mut usize,
 ) {
     let o = &py.off;
-    while plausible(*f) && *visits < MAX_VISITS {
-        *visits += 1;
-        let cur = *f;
+    // In locals for the loop, written back at the end.
+    let (mut next, mut v, mut k) = (*f, *visits, *out);
+    // 3.11 marks a run's first frame `is_entry`; 3.12+ put a frame owned by the C stack
+    // under it.
+    let entry_at = o.f_is_entry;
+    while plausible(next) && v < MAX_VISITS {
+        v += 1;
+        let cur = next;
         // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
         // are those of its version.
         let (owner, prev) = unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
-        *f = prev;
-        if o.f_is_entry.is_none() && owner == OWNED_BY_CSTACK {
-            // 3.12+: the shim frame under the first frame of this run.
-            break;
-        }
-        // SAFETY: as above.
-        let entry = o
-            .f_is_entry
-            .is_some_and(|e| unsafe { *((cur + e) as *const u8) } != 0);
-        if *out < MAX_FRAMES {
-            if let Some(v) = python_frame(g, py, memo.as_deref_mut(), cur) {
-                frames[*out] = v;
-                *out += 1;
+        next = prev;
+        let entry = match entry_at {
+            // SAFETY: as above.
+            Some(e) => (unsafe { *((cur + e) as *const u8) }) != 0,
+            None if owner == OWNED_BY_CSTACK => break,
+            None => false,
+        };
+        if k < MAX_FRAMES {
+            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), cur) {
+                frames[k] = x;
+                k += 1;
             }
         }
         if entry {
             break;
         }
     }
+    (*f, *visits, *out) = (next, v, k);
 }
 
 /// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.
