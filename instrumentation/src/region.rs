@@ -421,7 +421,11 @@ pub fn create(settings: &Settings) -> Option<Created> {
             fd,
             0,
         );
-        libc::close(fd);
+        // On a tmpfs the descriptor is kept to reserve pages with `fallocate` (see
+        // `Backing::set_file`); it is close-on-exec.
+        if p == libc::MAP_FAILED || !shmem {
+            libc::close(fd);
+        }
         p
     };
 
@@ -435,10 +439,14 @@ pub fn create(settings: &Settings) -> Option<Created> {
     // region grows, see `Backing`).
     // SAFETY: `p` maps at least one page of the region.
     if !unsafe { Backing::populate(p as *mut u8, 4096, shmem) } {
-        // SAFETY: the mapping is ours and unused; `path` is NUL-terminated.
+        // SAFETY: the mapping and (on a tmpfs) the descriptor are ours and unused; `path` is
+        // NUL-terminated.
         unsafe {
             libc::munmap(p, size as usize);
             libc::unlink(path.as_ptr() as *const libc::c_char);
+            if shmem {
+                libc::close(fd);
+            }
         }
         warn(b"heapdump: the region directory's file system is full; not recording\n");
         return None;
@@ -454,15 +462,28 @@ pub fn create(settings: &Settings) -> Option<Created> {
     };
     // SAFETY: `p` is a fresh, zero-filled, page-aligned shared mapping of `size` bytes that we
     // never unmap.
-    let mut writer = unsafe { RegionWriter::create(p as *mut u8, size, &caps, &id) }?;
+    let Some(mut writer) = (unsafe { RegionWriter::create(p as *mut u8, size, &caps, &id) }) else {
+        if shmem {
+            // SAFETY: our descriptor, not handed to anything.
+            unsafe { libc::close(fd) };
+        }
+        return None;
+    };
     // Two reservation states, used in turn: a forked child creates its region while the
     // parent's (which it copies from) is still in use.
     static BACKINGS: [Backing; 2] = [Backing::new(), Backing::new()];
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let backing = &BACKINGS[NEXT.fetch_add(1, Ordering::Relaxed) % 2];
+    let k = NEXT.fetch_add(1, Ordering::Relaxed) % 2;
+    let backing = &BACKINGS[k];
     writer.set_backing(backing);
+    // The other state is the parent's region's when this is a forked child: its file stays
+    // open only in the parent.
+    BACKINGS[(k + 1) % 2].release_file();
     if shmem {
         backing.set_shmem();
+        if let Some((kept, dev, ino)) = keep_high(fd) {
+            backing.set_file(kept, dev, ino);
+        }
     }
     // SAFETY: the region is not published yet and only this thread knows the writer.
     unsafe { writer.set_warnings(settings.warnings()) };
@@ -474,6 +495,35 @@ pub fn create(settings: &Settings) -> Option<Created> {
         exe,
         exe_len,
     })
+}
+
+/// Lowest descriptor number the region file is kept at ([`keep_high`]).
+const KEPT_FD_MIN: libc::c_int = 900;
+
+/// Moves the region file's descriptor `fd` (which this closes) out of the way of the
+/// program's own, to the lowest free number from [`KEPT_FD_MIN`] on, close-on-exec: a program
+/// that expects `open` to return 3, or numbers its descriptors from there, sees no
+/// difference. Returns the new descriptor with the file's device and inode; `None` (nothing
+/// kept) when the descriptor limit is too low for that.
+fn keep_high(fd: libc::c_int) -> Option<(libc::c_int, u64, u64)> {
+    // SAFETY: F_DUPFD_CLOEXEC on our own descriptor; then `fd` is ours to close.
+    let high = unsafe {
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, KEPT_FD_MIN);
+        libc::close(fd);
+        high
+    };
+    if high < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `high` is our descriptor; `st` is writable.
+    if unsafe { libc::fstat(high, &mut st) } != 0 {
+        // SAFETY: as above.
+        unsafe { libc::close(high) };
+        return None;
+    }
+    Some((high, st.st_dev, st.st_ino))
 }
 
 /// Makes `dir` (NUL-terminated) a usable region directory: a real directory owned by this
