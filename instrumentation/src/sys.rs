@@ -124,10 +124,17 @@ impl<T> SpinLock<T> {
     /// Takes the lock if it is free; `None` (and nothing taken) when it is held.
     #[inline]
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        self.word
+        // Not `bool::then_some(SpinGuard { .. })`: its argument is built before the test, and
+        // dropping that unused guard after a failed attempt released the holder's lock.
+        if self
+            .word
             .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(SpinGuard { lock: self })
+        {
+            Some(SpinGuard { lock: self })
+        } else {
+            None
+        }
     }
 
     /// Takes the lock with no guard, to hold it across `fork` (taken in the prepare handler,
@@ -190,6 +197,8 @@ mod spin_tests {
             let mut g = l.lock();
             *g += 1;
             assert!(l.try_lock().is_none(), "held while the guard lives");
+            // A failed attempt leaves the holder's lock held.
+            assert!(l.try_lock().is_none(), "still held after a failed try_lock");
         }
         let g = l.try_lock().expect("free after the guard is dropped");
         assert_eq!(*g, 6);
@@ -200,6 +209,7 @@ mod spin_tests {
         let l = SpinLock::new(());
         l.lock_for_fork();
         assert!(l.try_lock().is_none());
+        assert!(l.try_lock().is_none(), "still held after a failed try_lock");
         // SAFETY: taken by lock_for_fork just above.
         unsafe { l.unlock_after_fork() };
         assert!(l.try_lock().is_some());
