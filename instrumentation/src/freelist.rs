@@ -63,6 +63,28 @@ impl FreeNodes {
         self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Appends `older` then `ids` if the lock is free at once; false (nothing appended) when
+    /// another thread holds it.
+    pub(crate) fn try_push(&self, older: &[u32], ids: &[u32]) -> bool {
+        let Some(mut q) = self.q.try_lock() else {
+            return false;
+        };
+        let q = &mut *q;
+        for part in [older, ids] {
+            if q.len + part.len() > q.cap {
+                grow(q, q.len + part.len(), self.max);
+            }
+            let k = part.len().min(q.cap - q.len);
+            for (i, id) in part[..k].iter().enumerate() {
+                // SAFETY: as in `push`.
+                unsafe { *q.buf.add((q.head + q.len + i) & (q.cap - 1)) = *id };
+            }
+            q.len += k;
+        }
+        self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
     /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
     pub(crate) fn pop(&self, out: &mut [u32]) -> usize {
         // A stale zero only means fresh nodes are taken this time; a stale non-zero, one

@@ -48,6 +48,8 @@ pub(crate) fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
         }
     }
     if t.stash_head.get() == t.stash_len.get() {
+        // This thread's spilled nodes are older than the ring's: queue them first.
+        flush_spill(g, t);
         // SAFETY: the stash is only touched by its own thread, inside the reentrancy guard.
         let k = g.free.pop(unsafe { &mut *t.stash.get() });
         t.stash_head.set(0);
@@ -73,7 +75,7 @@ pub(crate) fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
     Some(s as u32)
 }
 
-/// Returns a dead node to the thread's cache (spilling a batch to the shared list when full).
+/// Returns a dead node to the thread's cache (moving a batch to the shared list when full).
 #[inline]
 pub fn recycle_node(g: &Global, t: &Tls, n: u32) {
     if t.ring_len.get() == RING {
@@ -81,12 +83,93 @@ pub fn recycle_node(g: &Global, t: &Tls, n: u32) {
         for b in batch.iter_mut() {
             *b = ring_pop(t).unwrap_or(0);
         }
-        g.free.push(&batch);
+        push_or_spill(g, t, &batch);
     }
     ring_push(t, n);
 }
 
+/// Most ids a thread's spill holds (256 KiB): past that, a full ring waits for the shared
+/// list's lock as before.
+const SPILL_MAX: usize = 1 << 16;
+/// A spill's first mapping, in ids (4 KiB).
+const SPILL_MIN: usize = 1024;
+
+/// Queues `batch` on the shared list if its lock is free, with the thread's spilled nodes
+/// before it; else keeps it in the thread's spill (an anonymous mapping of its own, up to
+/// [`SPILL_MAX`] ids), queued at a later batch or when the thread next needs recycled
+/// nodes. A freeing thread so never waits for a lock another thread holds — with more
+/// threads than cores, for one descheduled while holding it (bench/phases.c's free phase
+/// spent a sixth of its time there).
+#[cold]
+#[inline(never)]
+fn push_or_spill(g: &Global, t: &Tls, batch: &[u32; BATCH]) {
+    let (p, len, cap) = (t.spill.get(), t.spill_len.get(), t.spill_cap.get());
+    let spilled: &[u32] = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the thread's own spill: `len` ids written at `p` (see below).
+        unsafe { std::slice::from_raw_parts(p, len) }
+    };
+    if g.free.try_push(spilled, batch) {
+        t.spill_len.set(0);
+        return;
+    }
+    // After the thread's exit handler nothing would queue a spill again.
+    if t.exited.get() || (len + BATCH > cap && !grow_spill(t)) {
+        flush_spill(g, t);
+        g.free.push(batch);
+        return;
+    }
+    let p = t.spill.get();
+    // SAFETY: the spill holds `spill_cap >= len + BATCH` ids (checked or grown above).
+    unsafe { std::ptr::copy_nonoverlapping(batch.as_ptr(), p.add(len), BATCH) };
+    t.spill_len.set(len + BATCH);
+}
+
+/// Doubles the thread's spill (at most [`SPILL_MAX`] ids); false when it cannot grow.
+fn grow_spill(t: &Tls) -> bool {
+    let (old, len, cap) = (t.spill.get(), t.spill_len.get(), t.spill_cap.get());
+    let new_cap = if cap == 0 { SPILL_MIN } else { cap * 2 };
+    if new_cap > SPILL_MAX {
+        return false;
+    }
+    let p = crate::sys::map_anon(new_cap * 4) as *mut u32;
+    if p.is_null() {
+        return false;
+    }
+    if !old.is_null() {
+        // SAFETY: `len <= cap` ids at `old`, a mapping of `cap` ids from here; the new one
+        // holds `new_cap > cap`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(old, p, len);
+            crate::sys::unmap(old as *mut u8, cap * 4);
+        }
+    }
+    t.spill.set(p);
+    t.spill_cap.set(new_cap);
+    true
+}
+
+/// Queues the thread's spilled nodes on the shared list (waiting for its lock).
+pub(crate) fn flush_spill(g: &Global, t: &Tls) {
+    let len = t.spill_len.get();
+    if len > 0 {
+        // SAFETY: the thread's own spill: `len` ids written at `spill`.
+        g.free
+            .push(unsafe { std::slice::from_raw_parts(t.spill.get(), len) });
+        t.spill_len.set(0);
+    }
+}
+
 pub(crate) fn flush_nodes(g: &Global, t: &Tls) {
+    flush_spill(g, t);
+    let cap = t.spill_cap.replace(0);
+    let p = t.spill.replace(std::ptr::null_mut());
+    if !p.is_null() {
+        // SAFETY: the spill's mapping of `cap` ids, empty (flushed above) and no longer
+        // reachable from the thread's state.
+        unsafe { crate::sys::unmap(p as *mut u8, cap * 4) };
+    }
     let mut batch = [0u32; BATCH];
     let mut k = 0;
     while let Some(n) = ring_pop(t) {

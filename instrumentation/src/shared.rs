@@ -174,6 +174,12 @@ pub struct Tls {
     pub(crate) stash: UnsafeCell<[u32; BATCH]>,
     pub(crate) stash_head: Cell<usize>,
     pub(crate) stash_len: Cell<usize>,
+    /// Dead nodes kept while the shared queue's lock was busy, oldest first:
+    /// `spill[..spill_len]` in an anonymous mapping of `spill_cap` ids (null: none yet; see
+    /// `nodes::push_or_spill`).
+    pub(crate) spill: Cell<*mut u32>,
+    pub(crate) spill_len: Cell<usize>,
+    pub(crate) spill_cap: Cell<usize>,
     /// Stack cache: (hash, id) by hash % CACHE.
     pub cache: UnsafeCell<[(u64, u32); CACHE]>,
     /// Where a capture writes the stack's return addresses (kept here rather than on the
@@ -234,6 +240,9 @@ impl Tls {
             stash: UnsafeCell::new([0; BATCH]),
             stash_head: Cell::new(0),
             stash_len: Cell::new(0),
+            spill: Cell::new(std::ptr::null_mut()),
+            spill_len: Cell::new(0),
+            spill_cap: Cell::new(0),
             cache: UnsafeCell::new([(0, 0); CACHE]),
             frames: UnsafeCell::new([0; vmo_layout::v1::MAX_FRAMES]),
             sample_left: Cell::new(i64::MIN),
