@@ -220,6 +220,68 @@ fn existing_directory_keeps_its_mode() {
     }
 }
 
+/// The region file's descriptor, kept to reserve pages with `fallocate` on a tmpfs, stays out
+/// of the program's way (at 900 or above) and is never used once the program has taken its
+/// number: a program that closes every descriptor and opens a scratch file of its own at
+/// 900–909 before allocating 300,000 blocks gets every block recorded (the shim falls back to
+/// `madvise`), and its scratch file is left exactly as it was (no byte, no block allocated).
+#[test]
+fn region_descriptor_taken_over_by_the_program() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let exe = compile_c("fd_takeover", &["-fno-optimize-sibling-calls"]);
+    // The region on a tmpfs (where the shim keeps the descriptor), and the scratch file with
+    // it, where a misdirected fallocate would allocate pages.
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.join(format!("heapdump-test-fd-takeover-{}", std::process::id()))
+    } else {
+        region_dir("fd-takeover")
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = dir.join("scratch");
+    std::fs::write(&scratch, b"").unwrap();
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&scratch);
+    let mut r = start(cmd, &dir, true);
+    let pid = r.pid();
+    let kept = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<i32>().ok()?, e.path())))
+        .filter_map(|(n, p)| Some((n, std::fs::read_link(p).ok()?)))
+        .filter(|(_, target)| target.to_string_lossy().ends_with(".heapdump"))
+        .collect::<Vec<_>>();
+    let on_tmpfs = dir.starts_with("/dev/shm");
+    if on_tmpfs {
+        assert!(
+            matches!(kept.as_slice(), [(n, _)] if *n >= 900),
+            "the region file should be open once, at 900 or above: {kept:?}"
+        );
+    } else {
+        skip_note(
+            "note: region directory not on a tmpfs: no descriptor is kept, checking the rest",
+        );
+    }
+    let stdin = r.stdin.as_mut().unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    let done = r.wait_line("done");
+    assert_eq!(done[1..], ["300000", "19200000"]);
+    let p = decode(&snapshot(&dir, pid, &[]));
+    let [_, _, blocks, bytes] = sum_through(&p, "take_over_and_allocate");
+    assert_eq!((blocks, bytes), (300_000, 19_200_000));
+    let meta = std::fs::metadata(&scratch).unwrap();
+    assert_eq!(
+        (meta.len(), meta.blocks()),
+        (0, 0),
+        "the program's scratch file was changed"
+    );
+    assert_eq!(r.finish(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// C5: invalid or misspelled settings are not silently ignored: the warning is in the region
 /// (`heapdump list`, the profile's comments), and the program's own output is unchanged.
 #[test]
