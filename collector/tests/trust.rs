@@ -1300,20 +1300,31 @@ fn paused_collector(
 ) -> std::process::Child {
     use std::os::unix::process::CommandExt;
     let out = dir.with_extension("paused.pb.gz");
-    let c = Command::new(heapdump())
-        .args([
-            "snapshot",
-            "--by-pid",
-            &pid.to_string(),
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .env("HEAPDUMP_DIR", dir)
-        .env("HEAPDUMP_TEST_PAUSE_MS", "60000")
-        .process_group(0)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(heapdump());
+    cmd.args([
+        "snapshot",
+        "--by-pid",
+        &pid.to_string(),
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .env("HEAPDUMP_DIR", dir)
+    .env("HEAPDUMP_TEST_PAUSE_MS", "60000")
+    .process_group(0)
+    .stderr(Stdio::null());
+    // The collector leaves a signal the test runner ignores ignored (under `nohup`, SIGHUP;
+    // in a background job without job control, SIGINT): give it the default dispositions a
+    // user's shell gives it, which is what the test is about.
+    // SAFETY: `signal` is async-signal-safe, as required between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let c = cmd.spawn().unwrap();
     wait_for_lock(c.id());
     let t0 = std::time::Instant::now();
     while header_u64(region, 128) == 0 {
