@@ -88,9 +88,10 @@ pub fn recycle_node(g: &Global, t: &Tls, n: u32) {
     ring_push(t, n);
 }
 
-/// Most ids a thread's spill holds (256 KiB): past that, a full ring waits for the shared
-/// list's lock as before.
-const SPILL_MAX: usize = 1 << 16;
+/// Most ids a thread's spill holds (32 KiB, 256 batches): past that, a full ring waits for
+/// the shared list's lock as before. It bounds what an idle thread keeps from other threads
+/// (records only it can reuse): 8 Ki records, 320 KiB of the region.
+const SPILL_MAX: usize = 1 << 13;
 /// A spill's first mapping, in ids (4 KiB).
 const SPILL_MIN: usize = 1024;
 
