@@ -50,7 +50,22 @@ impl FreeNodes {
     /// those nodes are then never reused).
     pub(crate) fn push(&self, ids: &[u32]) {
         let mut q = self.q.lock();
-        let q = &mut *q;
+        self.append(&mut q, ids);
+    }
+
+    /// Appends `older` then `ids` if the lock is free at once; false (nothing appended) when
+    /// another thread holds it.
+    pub(crate) fn try_push(&self, older: &[u32], ids: &[u32]) -> bool {
+        let Some(mut q) = self.q.try_lock() else {
+            return false;
+        };
+        self.append(&mut q, older);
+        self.append(&mut q, ids);
+        true
+    }
+
+    /// Appends `ids` to the locked queue `q` (see [`FreeNodes::push`]).
+    fn append(&self, q: &mut Queue, ids: &[u32]) {
         if q.len + ids.len() > q.cap {
             grow(q, q.len + ids.len(), self.max);
         }
@@ -61,28 +76,6 @@ impl FreeNodes {
         }
         q.len += k;
         self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Appends `older` then `ids` if the lock is free at once; false (nothing appended) when
-    /// another thread holds it.
-    pub(crate) fn try_push(&self, older: &[u32], ids: &[u32]) -> bool {
-        let Some(mut q) = self.q.try_lock() else {
-            return false;
-        };
-        let q = &mut *q;
-        for part in [older, ids] {
-            if q.len + part.len() > q.cap {
-                grow(q, q.len + part.len(), self.max);
-            }
-            let k = part.len().min(q.cap - q.len);
-            for (i, id) in part[..k].iter().enumerate() {
-                // SAFETY: as in `push`.
-                unsafe { *q.buf.add((q.head + q.len + i) & (q.cap - 1)) = *id };
-            }
-            q.len += k;
-        }
-        self.len.store(q.len, std::sync::atomic::Ordering::Relaxed);
-        true
     }
 
     /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
