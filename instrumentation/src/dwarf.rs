@@ -187,6 +187,9 @@ pub struct Cache {
     /// The last two captures and the memo (see [`Captures`]), in a mapping of their own; null
     /// when it could not be mapped (every walk is then a full one).
     captures: *mut Captures,
+    /// The caller of the next walks needs only the stack id when the memo has one
+    /// ([`Self::set_id_only`]).
+    id_only: bool,
 }
 
 impl std::fmt::Debug for Cache {
@@ -220,6 +223,13 @@ impl Cache {
         if let Some(e) = m.entries.get_mut(last) {
             e.stack = id;
         }
+    }
+
+    /// Whether the walks that follow may leave their frames unwritten when they find them in
+    /// the memo with a stack id (the caller then takes only [`Self::memo_stack`]): copying
+    /// the frames out was a fifth of a memo hit's instructions on bench/storm.c.
+    pub fn set_id_only(&mut self, on: bool) {
+        self.id_only = on;
     }
 
     /// Forgets which memo entry the last walk used (every walk starts with this).
@@ -640,7 +650,7 @@ pub fn ready() -> bool {
 #[inline(never)]
 pub fn new_cache() -> *mut Cache {
     // An anonymous mapping, zero-filled: all-zero bytes are a valid `generation`, a null
-    // `in_use` and valid empty slots (key 0, a rule of plain integers).
+    // `in_use`, valid empty slots (key 0, a rule of plain integers) and `id_only` off.
     let c = crate::sys::map_anon(std::mem::size_of::<Cache>()) as *mut Cache;
     if !c.is_null() {
         // SAFETY: `c` is a fresh mapping for a Cache; the context is written without reading
@@ -1007,8 +1017,10 @@ fn unwind(
                 if let Some(i) = c.memo.find(&start, lo, hi, objects.generation) {
                     let e = &c.memo.entries[i];
                     let n = e.n as usize;
-                    for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
-                        *o = f[0].val;
+                    if !(cache.id_only && e.stack != u32::MAX) {
+                        for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
+                            *o = f[0].val;
+                        }
                     }
                     c.memo.last = i;
                     #[cfg(test)]

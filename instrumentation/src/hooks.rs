@@ -309,7 +309,12 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
         (Some(cache), start) => {
+            // Without CPython's frames to splice in, a walk found in the memo with its stack id
+            // need not write its frames out: only the id is used (below).
+            let splice = crate::python::may_splice();
+            cache.set_id_only(!splice);
             let n = cfi_walk(start, hi, cache, frames);
+            cache.set_id_only(false);
             // Code of an object loaded since the list was built (a library's constructor,
             // running inside dlopen before the hook's refresh): rebuild and walk again.
             let n = if crate::dwarf::take_stale(cache) {
@@ -319,7 +324,7 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
             };
             // Frames the walk found in its memo come with the id they were interned as,
             // unless CPython's frames are spliced in (they are not part of the walk).
-            if !crate::python::may_splice() {
+            if !splice {
                 if let Some(id) = cache.memo_stack() {
                     return id;
                 }
