@@ -290,10 +290,24 @@ impl Tls {
     /// pointers (or before the unwinder exists). The cache belongs to this thread: use it only
     /// inside the thread's reentrancy guard, one capture at a time.
     #[cfg(target_arch = "x86_64")]
+    #[inline]
     pub fn dwarf_cache(&self) -> Option<*mut crate::dwarf::Cache> {
         if !DWARF.load(Ordering::Relaxed) {
             return None;
         }
+        let c = self.dwarf_cache.get();
+        if !c.is_null() && crate::dwarf::ready() {
+            return Some(c);
+        }
+        self.dwarf_cache_slow()
+    }
+
+    /// [`Self::dwarf_cache`] when the object list or the thread's cache does not exist yet
+    /// (out of line: the common case then saves no registers).
+    #[cfg(target_arch = "x86_64")]
+    #[cold]
+    #[inline(never)]
+    fn dwarf_cache_slow(&self) -> Option<*mut crate::dwarf::Cache> {
         if !crate::dwarf::ready() {
             // An allocation before the preload constructor ran (another library's
             // constructor: libstdc++'s emergency pool, …): build the object list now.
