@@ -573,6 +573,161 @@ fn reborn_code_objects_keep_their_names() {
     }
 }
 
+const TWO_PATHS: &str = r#"import os, sys
+def leaf(n):
+    return bytes(n)
+def mid(n):
+    return leaf(n)
+def top_a(n):
+    return mid(n)
+def top_b(n):
+    return mid(n)
+held = []
+for i in range(2000):
+    held.append(top_a(30000 + i % 2))
+    held.append(top_b(40000 + i % 2))
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// Captures that agree in everything the stack memo looks them up by — the same native
+/// frames, the same innermost Python frame at the same address and instruction, its caller at
+/// the same instruction — but not in an outer Python frame get their own stacks: `leaf` and
+/// `mid` reached from `top_a` and from `top_b` in turn, 2,000 times each, every `bytes` under
+/// its own caller with its own size (30,000/30,001 bytes from `top_a`, 40,000/40,001 from
+/// `top_b`), with pymalloc and with `PYTHONMALLOC=malloc`. Negative control: with the memo's
+/// check of the interpreter words skipped (`python::holds` returning after the native words),
+/// `top_b`'s blocks are found under `top_a` and the test fails.
+#[test]
+fn stacks_differing_only_in_an_outer_frame_stay_apart() {
+    for (label, py) in pythons("stacks_differing_only_in_an_outer_frame_stay_apart") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-two-paths");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("two_paths.py");
+            std::fs::write(&script, TWO_PATHS).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let mut by_top: HashMap<String, (i64, i64)> = HashMap::new();
+            for s in &st {
+                let chain = s.chain();
+                if chain.first() != Some(&"leaf") {
+                    continue;
+                }
+                assert_eq!(chain.get(1), Some(&"mid"), "{label}: {s:#?}");
+                let top = chain.get(2).copied().unwrap_or("?").to_string();
+                let e = by_top.entry(top).or_default();
+                e.0 += s.blocks;
+                e.1 += s.bytes;
+            }
+            // PyBytesObject: 32 bytes of header and the payload's NUL.
+            let want = |base: i64| (2000, 1000 * (base + 33) + 1000 * (base + 34));
+            assert_eq!(
+                by_top.get("top_a").copied(),
+                Some(want(30_000)),
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_top:?}"
+            );
+            assert_eq!(
+                by_top.get("top_b").copied(),
+                Some(want(40_000)),
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_top:?}"
+            );
+            assert_eq!(
+                by_top.len(),
+                2,
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_top:?}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}
+
+const TWO_CALLERS: &str = r#"import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+CB = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)
+held = [None] * 4000
+at = [0]
+def leaf(n):
+    held[at[0]] = bytes(n)
+    at[0] += 1
+    return 0
+cb = CB(leaf)
+fns = [lib.via_a, lib.via_b]
+for f in fns:
+    f.restype = ctypes.c_long
+    f.argtypes = [CB, ctypes.c_long]
+for i in range(4000):
+    f = fns[i % 2]
+    f(cb, 30000 + 10000 * (i % 2) + (i // 2) % 2)
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// Captures that agree in everything the stack memo looks them up by and in every Python
+/// frame, but not in a native frame below them, get their own stacks: a Python callback
+/// `leaf` called through `via_a` and `via_b` (`examples/c/py_two_callers.c`, frames of the
+/// same size) in turn from the same line, 2,000 times each; every `bytes` must be under its
+/// own caller with its own size (30,000/30,001 bytes through `via_a`, 40,000/40,001 through
+/// `via_b`), with pymalloc and with `PYTHONMALLOC=malloc`. Negative control: with the memo's
+/// check of the native words skipped (`python::holds`), the test fails.
+#[test]
+fn stacks_differing_only_in_a_native_frame_stay_apart() {
+    if !can_run("stacks_differing_only_in_a_native_frame_stay_apart") {
+        return;
+    }
+    let lib = compile_c("py_two_callers", &["-shared", "-fPIC"]);
+    for (label, py) in pythons("stacks_differing_only_in_a_native_frame_stay_apart") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-two-callers");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("two_callers.py");
+            std::fs::write(&script, TWO_CALLERS).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script).arg(&lib);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let mut by_caller: HashMap<String, (i64, i64)> = HashMap::new();
+            for s in &st {
+                // The `bytes` only (the callback's other objects are small).
+                if s.chain().first() != Some(&"leaf") || s.bytes < 20_000 * s.blocks {
+                    continue;
+                }
+                let via: Vec<&str> = s
+                    .frames
+                    .iter()
+                    .map(|f| f.0.as_str())
+                    .filter(|f| *f == "via_a" || *f == "via_b")
+                    .collect();
+                assert_eq!(via.len(), 1, "{label}: {s:#?}");
+                let e = by_caller.entry(via[0].to_string()).or_default();
+                e.0 += s.blocks;
+                e.1 += s.bytes;
+            }
+            // PyBytesObject: 32 bytes of header and the payload's NUL.
+            let want = |base: i64| (2000, 1000 * (base + 33) + 1000 * (base + 34));
+            assert_eq!(
+                by_caller.get("via_a").copied(),
+                Some(want(30_000)),
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_caller:?}"
+            );
+            assert_eq!(
+                by_caller.get("via_b").copied(),
+                Some(want(40_000)),
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_caller:?}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}
+
 /// A program that is not Python is recorded as before (no Python frame, no code record).
 #[test]
 fn c_program_has_no_python_frames() {

@@ -190,6 +190,9 @@ pub struct Cache {
     /// The caller of the next walks needs only the stack id when the memo has one
     /// ([`Self::set_id_only`]).
     id_only: bool,
+    /// The last walk recorded itself whole in the thread's last capture (see
+    /// [`Self::last_walk_words`]).
+    made: bool,
 }
 
 impl std::fmt::Debug for Cache {
@@ -232,9 +235,65 @@ impl Cache {
         self.id_only = on;
     }
 
+    /// The stack words the thread's last walk read, when it recorded itself whole (a full
+    /// walk, or one that reused the previous capture's outer frames, of a complete stack):
+    /// per frame its return-address slot and, where the rule read one, its saved-`rbp` slot,
+    /// then the words that ended the walk, as (address, value) into `out`. Returns how many,
+    /// with the stack top the walk read below and the object list generation of its rules;
+    /// `None` when the walk did not record itself, ended on a word out of bounds, or `out` is
+    /// too short.
+    ///
+    /// A walk from the same registers, below the same stack top and with rules of the same
+    /// generation, that finds every one of these words holding the same value finds the same
+    /// frames (see [`Capture`]): what a memo of whole stacks checks instead of walking.
+    pub fn last_walk_words(&self, out: &mut [[u64; 2]]) -> Option<(usize, u64, u64)> {
+        if !self.made || self.captures.is_null() {
+            return None;
+        }
+        // SAFETY: the thread's own captures, not used by a walk now.
+        let caps = unsafe { &*self.captures };
+        let c = &caps.pair[caps.last & 1];
+        if c.n == 0 || c.n >= MAX_FRAMES {
+            return None;
+        }
+        // A saved `rbp` read for frame `f` matters only when a later frame was unwound from
+        // `rbp` before another was read (or the walk's end, which may have used it): in code
+        // without frame pointers `rbp` is an ordinary register whose saved value changes from
+        // call to call, and checking it would miss every time. Bit `f` of `live`: frame `f`'s
+        // saved `rbp` matters.
+        // (`c.n` < 64: the bits fit a `u64`.)
+        let uses = c.uses_bp as u64;
+        let n = c.n;
+        let mut live = 0u64;
+        let mut used = true; // by the end
+        for f in (0..n).rev() {
+            live |= ((used && c.bp_at[f] != 0) as u64) << f;
+            used = (uses >> f) & 1 != 0 || (c.bp_at[f] == 0 && used);
+        }
+        let ends = c.ends.min(2);
+        if n + live.count_ones() as usize + ends > out.len() {
+            return None;
+        }
+        let mut k = 0;
+        for f in 0..n {
+            out[k] = [c.sp[f].wrapping_sub(8), c.out[f]];
+            k += 1;
+            if (live >> f) & 1 != 0 {
+                out[k] = [c.bp_at[f], c.bp[f]];
+                k += 1;
+            }
+        }
+        for e in 0..ends {
+            out[k] = [c.end_at[e], c.end_val[e]?];
+            k += 1;
+        }
+        Some((k, c.hi, c.generation))
+    }
+
     /// Forgets which memo entry the last walk used (every walk starts with this).
     #[inline(always)]
     fn forget_memo(&mut self) {
+        self.made = false;
         if !self.captures.is_null() {
             // SAFETY: as in `memo_stack`.
             unsafe { (*self.captures).memo.last = usize::MAX };
@@ -329,6 +388,9 @@ struct Capture {
     bp: [u64; MAX_FRAMES],
     /// Where `bp[i]` was read from; 0: not read (kept from the frame below, or lost).
     bp_at: [u64; MAX_FRAMES],
+    /// Bit `i`: frame `i` was unwound from its `rbp` (its CFA is `rbp`-based: a frame-pointer
+    /// frame), so the `rbp` value it started from decided where it read.
+    uses_bp: u128,
 }
 
 /// A thread's last capture and the one being made (they alternate), and its memo of whole
@@ -637,6 +699,12 @@ pub fn take_stale(cache: &mut Cache) -> bool {
         cache.fp_keys.fill(0);
     }
     stale
+}
+
+/// The generation of the newest object list (a rebuild numbers its list before publishing
+/// it: a list of this generation may not be the one in use yet, never the other way round).
+pub fn newest_generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
 }
 
 /// Whether the object list has been built.
@@ -1071,7 +1139,10 @@ fn unwind(
     };
     if !cur.is_null() {
         // SAFETY: the capture being recorded, written by this walk only.
-        unsafe { (*cur).ends = 0 };
+        unsafe {
+            (*cur).ends = 0;
+            (*cur).uses_bp = 0;
+        }
     }
     let read = |a: u64| stack_word(a, lo, hi);
     // Records a word read by the step that ends the walk.
@@ -1139,6 +1210,7 @@ fn unwind(
             // frame pointers walk about as fast as they would be checked, and a match looked
             // for at every frame costs branch mispredictions of its own.
             let run = good.min(m);
+            m8.mark_bp(n, run);
             for j in 0..run - 1 {
                 // SAFETY: j + 1 <= m, and pass 1 wrote fs[0..=m].
                 let (fp, fbp) = unsafe { (fs[j].assume_init(), fs[j + 1].assume_init()) };
@@ -1169,7 +1241,10 @@ fn unwind(
         }
         let base = match rule.kind {
             CFA_SP => sp,
-            CFA_BP => bp,
+            CFA_BP => {
+                m8.mark_bp(n, 1);
+                bp
+            }
             _ => break,
         };
         let cfa = base.wrapping_add(rule.cfa_offset as i64 as u64);
@@ -1227,6 +1302,8 @@ fn unwind(
                 l.sp[..k].copy_from_slice(&c.sp[..k]);
                 l.bp[..k].copy_from_slice(&c.bp[..k]);
                 l.bp_at[..k].copy_from_slice(&c.bp_at[..k]);
+                let mask = (1u128 << k) - 1;
+                l.uses_bp = (l.uses_bp & !mask) | (c.uses_bp & mask);
                 if cache.missed {
                     l.n = 0;
                 }
@@ -1240,6 +1317,7 @@ fn unwind(
                 (*caps).last ^= 1;
             }
             let caps = &mut *caps;
+            cache.made = caps.pair[caps.last & 1].n == n && n > 0;
             if memo_on {
                 // The capture just made (or updated in place) is complete: keep it in the memo.
                 let made = &caps.pair[caps.last & 1];
@@ -1280,6 +1358,17 @@ struct Matcher {
 }
 
 impl Matcher {
+    /// Marks frames `i .. i + k` as unwound from their `rbp` (see [`Capture::uses_bp`]).
+    #[inline(always)]
+    fn mark_bp(&mut self, i: usize, k: usize) {
+        if self.cur.is_null() {
+            return;
+        }
+        // SAFETY: the capture being recorded, written by this walk only.
+        let cur = unsafe { &mut *self.cur };
+        cur.uses_bp |= ((1u128 << k) - 1) << i;
+    }
+
     /// Records frame `i`'s registers (see [`Self::found`]) without looking for a match.
     #[inline(always)]
     fn record(&mut self, i: usize, sp: u64, bp: u64, bp_at: u64) {
@@ -1419,6 +1508,8 @@ fn reuse(
         return Ok(total);
     }
     let from = c + 1..c + 1 + (total - i - 1);
+    let len = total - i - 1;
+    cur.uses_bp |= ((l.uses_bp >> (c + 1)) & ((1u128 << len) - 1)) << (i + 1);
     cur.sp[i + 1..total].copy_from_slice(&l.sp[from.clone()]);
     cur.bp[i + 1..total].copy_from_slice(&l.bp[from.clone()]);
     cur.bp_at[i + 1..total].copy_from_slice(&l.bp_at[from]);

@@ -304,6 +304,13 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // The thread's CFI cache when the stack id may be kept in its memo (see below).
     #[cfg(target_arch = "x86_64")]
     let mut memo = None;
+    // A capture with CPython's frames that the stack memo did not find: kept there once
+    // interned.
+    #[cfg(target_arch = "x86_64")]
+    let mut pending = None;
+    // No CPython frames were to be spliced when the capture began.
+    #[cfg(target_arch = "x86_64")]
+    let mut native_only = false;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the cache is this thread's, and we are inside its reentrancy guard (called from
     // `enter`): no other reference to it exists during this capture.
@@ -312,6 +319,17 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
             // Without CPython's frames to splice in, a walk found in the memo with its stack id
             // need not write its frames out: only the id is used (below).
             let splice = crate::python::may_splice();
+            if splice {
+                let regs = match start {
+                    Start::FramePointer(fp) => [0, 0, fp as u64],
+                    Start::Here { pc, sp, fp } => [pc, sp, fp as u64],
+                };
+                match crate::python::find_stack(t, regs, hi as u64) {
+                    crate::python::Found::Id(id) => return id,
+                    crate::python::Found::Miss(p) => pending = Some(p),
+                    crate::python::Found::Off => {}
+                }
+            }
             cache.set_id_only(!splice);
             let n = cfi_walk(start, hi, cache, frames);
             cache.set_id_only(false);
@@ -328,8 +346,9 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
                 if let Some(id) = cache.memo_stack() {
                     return id;
                 }
-                memo = Some(cache);
             }
+            native_only = !splice;
+            memo = Some(cache);
             n
         }
         (None, _) => walk(fp, hi, frames),
@@ -342,7 +361,9 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // the splice (checked above) nor after it.
     #[cfg(target_arch = "x86_64")]
     if let Some(cache) = memo {
-        if id != u32::MAX && !crate::python::may_splice() {
+        if let Some(p) = pending {
+            crate::python::keep_stack(t, p, cache, id);
+        } else if native_only && id != u32::MAX && !crate::python::may_splice() {
             cache.set_memo_stack(id);
         }
     }

@@ -510,6 +510,8 @@ pub(crate) fn splice(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usi
 #[inline(never)]
 fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) -> usize {
     let Some(py) = py() else { return n };
+    // The reads are logged while the stack memo asked for it (see [`StackMemo`]).
+    let log = stack_log(t);
     // Only stacks through the eval loop have Python frames.
     let n = n.min(MAX_FRAMES);
     let in_eval = |pc: u64| {
@@ -534,7 +536,7 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     let mut f = unsafe {
         match o.cframe {
             Some(cf) => {
-                let c = rd(ts, cf);
+                let c = lrd(log, ts, cf);
                 // The thread's `_PyCFrame`: the root one inside its thread state, or the one
                 // of an eval loop on its stack. Anything else means offsets that do not fit
                 // this build: no Python frames rather than a wild read.
@@ -542,9 +544,9 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
                 if !plausible(c) || !(on_stack || (c >= ts && c < ts + 4096)) {
                     return n;
                 }
-                rd(c, o.current_frame)
+                lrd(log, c, o.current_frame)
             }
-            None => rd(ts, o.current_frame),
+            None => lrd(log, ts, o.current_frame),
         }
     };
     // The native frames from the first eval loop on, which the spliced frames overwrite: only
@@ -565,7 +567,7 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
         let mut pc = unsafe { slot.assume_init() };
         if in_eval(pc) {
             let before = out;
-            run_frames(g, py, &mut memo, &mut f, &mut visits, frames, &mut out);
+            run_frames(g, py, &mut memo, log, &mut f, &mut visits, frames, &mut out);
             if out > before {
                 pc |= PYTHON_EVAL_FRAME;
             }
@@ -581,7 +583,7 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     // side, without the native frames between them, as memray and py-spy do.
     if n < MAX_FRAMES {
         while out < MAX_FRAMES && plausible(f) && visits < MAX_VISITS {
-            run_frames(g, py, &mut memo, &mut f, &mut visits, frames, &mut out);
+            run_frames(g, py, &mut memo, log, &mut f, &mut visits, frames, &mut out);
         }
     }
     out
@@ -590,10 +592,12 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
 /// Appends to `frames[..*out]` the Python frames of the run of the eval loop whose innermost
 /// frame is `*f` (innermost first: they are the callees of the native frame of that run), and
 /// leaves `*f` at the innermost frame of the next run out.
+#[allow(clippy::too_many_arguments)]
 fn run_frames(
     g: &Global,
     py: &Py,
     memo: &mut Option<&mut FrameMemo>,
+    log: *mut Log,
     f: &mut usize,
     visits: &mut usize,
     frames: &mut [u64; MAX_FRAMES],
@@ -610,16 +614,16 @@ fn run_frames(
         let cur = next;
         // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
         // are those of its version.
-        let (owner, prev) = unsafe { (*((cur + o.f_owner) as *const u8), rd(cur, o.f_previous)) };
+        let (owner, prev) = unsafe { (lbyte(log, cur + o.f_owner), lrd(log, cur, o.f_previous)) };
         next = prev;
         let entry = match entry_at {
             // SAFETY: as above.
-            Some(e) => (unsafe { *((cur + e) as *const u8) }) != 0,
+            Some(e) => (unsafe { lbyte(log, cur + e) }) != 0,
             None if owner == OWNED_BY_CSTACK => break,
             None => false,
         };
         if k < MAX_FRAMES {
-            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), cur) {
+            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), log, cur) {
                 frames[k] = x;
                 k += 1;
             }
@@ -636,16 +640,22 @@ fn run_frames(
 /// A frame whose code object, instruction and code identity are those of a frame this thread
 /// spliced before gets the value found then from `memo`, without the code table.
 #[inline]
-fn python_frame(g: &Global, py: &Py, memo: Option<&mut FrameMemo>, f: usize) -> Option<u64> {
+fn python_frame(
+    g: &Global,
+    py: &Py,
+    memo: Option<&mut FrameMemo>,
+    log: *mut Log,
+    f: usize,
+) -> Option<u64> {
     let o = &py.off;
     // SAFETY: `f` is a live frame of this thread (see `splice_active`).
-    let code = unsafe { rd(f, o.f_code) };
+    let code = unsafe { lrd(log, f, o.f_code) };
     // SAFETY: checked plausible before reading its type (PyObject.ob_type at 8).
-    if !plausible(code) || unsafe { rd(code, 8) } != py.code_type {
+    if !plausible(code) || unsafe { lrd(log, code, 8) } != py.code_type {
         return None;
     }
     // SAFETY: `f` as above; `code` is a code object, alive while `f` runs it.
-    let (instr, ident) = unsafe { (rd(f, o.f_instr), identity(o, code)) };
+    let (instr, ident) = unsafe { (lrd(log, f, o.f_instr), identity(o, code, log)) };
     let slot = memo.map(|m| &mut m.slots[FrameMemo::slot(code, instr)]);
     if let Some(s) = &slot {
         if s.code == code && s.instr == instr && s.ident == ident {
@@ -653,7 +663,7 @@ fn python_frame(g: &Global, py: &Py, memo: Option<&mut FrameMemo>, f: usize) -> 
         }
     }
     // SAFETY: a code object: `ob_size` (16) is its number of code units.
-    let units = unsafe { rd(code, 16) };
+    let units = unsafe { lrd(log, code, 16) };
     let base = code + o.co_adaptive;
     let index = if instr >= base && (instr - base) / 2 < units.min(u32::MAX as usize) {
         ((instr - base) / 2) as u64
@@ -661,6 +671,12 @@ fn python_frame(g: &Global, py: &Py, memo: Option<&mut FrameMemo>, f: usize) -> 
         u32::MAX as u64
     };
     let id = code_id(g, py, code, fingerprint(&ident));
+    if id == 0 && !log.is_null() {
+        // No record (the code table or the region is full): a later capture may find one,
+        // so this stack is not kept whole.
+        // SAFETY: the thread's own log (see `stack_log`).
+        unsafe { (*log).spoiled = true };
+    }
     let value = PYTHON_FRAME | (id << 32) | index;
     if let Some(s) = slot {
         if id != 0 {
@@ -744,6 +760,377 @@ pub(crate) fn free_frame_memo(t: &Tls) {
     }
 }
 
+// ---- whole stacks --------------------------------------------------------------------------
+
+/// Interpreter reads a splice logs at most (about 10 a frame).
+const LOG_MAX: usize = 64;
+/// Native stack words an entry keeps at most (a return-address slot and a saved-`rbp` slot a
+/// frame, and the words that ended the walk).
+const NATIVE_MAX: usize = 64;
+/// Sets of a [`StackMemo`] (a power of two), each of [`STACK_WAYS`] entries: 64 in all.
+const STACK_SETS: usize = 16;
+const STACK_WAYS: usize = 4;
+
+/// The interpreter memory one splice read, in order: per read the aligned word that holds it,
+/// which of that word's bits it read, and those bits' value (so a read of any width is
+/// checked again as one word: `(word ^ value) & mask == 0`).
+pub(crate) struct Log {
+    /// Reads so far; past [`LOG_MAX`] (the last slot rewritten): too many, not kept.
+    n: usize,
+    /// A frame got no code record: not kept.
+    spoiled: bool,
+    reads: [[u64; 3]; LOG_MAX],
+}
+
+impl Log {
+    /// Logs a read of `width` (8 or 32) bits at `at`.
+    #[inline(always)]
+    fn push(&mut self, at: usize, width: u32, val: u64) {
+        let shift = (at & 7) as u32 * 8;
+        self.put([
+            (at & !7) as u64,
+            ((1u64 << width) - 1) << shift,
+            val << shift,
+        ]);
+    }
+
+    /// Logs a read of the aligned word at `at`.
+    #[inline(always)]
+    fn push_word(&mut self, at: usize, val: u64) {
+        self.put([at as u64, u64::MAX, val]);
+    }
+
+    #[inline(always)]
+    fn put(&mut self, r: [u64; 3]) {
+        let k = self.n.min(LOG_MAX - 1);
+        self.reads[k] = r;
+        self.n += 1;
+    }
+}
+
+/// Reads the word at `p + off`, logged when `log` is not null.
+///
+/// # Safety
+/// As [`rd`]; `log` is null or the thread's own log, logging this capture.
+#[inline(always)]
+unsafe fn lrd(log: *mut Log, p: usize, off: usize) -> usize {
+    // SAFETY: the caller's contract.
+    let v = unsafe { rd(p, off) };
+    // SAFETY: the caller's contract: null or the thread's own log, used by this capture only.
+    if let Some(l) = unsafe { log.as_mut() } {
+        l.push_word(p + off, v as u64);
+    }
+    v
+}
+
+/// Reads the byte at `a`, logged when `log` is not null.
+///
+/// # Safety
+/// `a` is a byte field of a live interpreter structure; `log` as in [`lrd`].
+#[inline(always)]
+unsafe fn lbyte(log: *mut Log, a: usize) -> u8 {
+    // SAFETY: the caller's contract.
+    let v = unsafe { std::ptr::read_volatile(a as *const u8) };
+    // SAFETY: as in `lrd`.
+    if let Some(l) = unsafe { log.as_mut() } {
+        l.push(a, 8, v as u64);
+    }
+    v
+}
+
+/// Reads the 32-bit field at `a`, logged when `log` is not null.
+///
+/// # Safety
+/// `a` is an aligned 32-bit field of a live interpreter structure; `log` as in [`lrd`].
+#[inline(always)]
+unsafe fn lu32(log: *mut Log, a: usize) -> u32 {
+    // SAFETY: the caller's contract.
+    let v = unsafe { std::ptr::read_volatile(a as *const u32) };
+    // SAFETY: as in `lrd`.
+    if let Some(l) = unsafe { log.as_mut() } {
+        l.push(a, 32, v as u64);
+    }
+    v
+}
+
+/// One stack kept whole: what it was found from, every word its native walk and its splice
+/// read, and the id it was interned as.
+#[repr(C)]
+struct StackEntry {
+    /// The walk's start (code address or 0, `sp` or 0, `rbp`), its stack top, the thread's
+    /// innermost interpreter frame and that frame's instruction pointer (0, 0 when there was
+    /// none); all 0: empty.
+    key: [u64; 6],
+    /// The thread state the splice read from.
+    ts: u64,
+    /// The object list generation of the walk's rules.
+    generation: u64,
+    /// The lowest native word's address.
+    floor: u64,
+    id: u32,
+    natives: u32,
+    reads: u32,
+    native: [[u64; 2]; NATIVE_MAX],
+    log: [[u64; 3]; LOG_MAX],
+}
+
+/// A thread's memo of whole stacks with CPython's frames spliced in: the native walk, the
+/// splice and the interning all skipped when a capture would repeat one of them.
+///
+/// Why a hit is exact: a capture's frames are a function of the walk's start registers, its
+/// stack top, the rules of its object list generation and the stack words the walk read (see
+/// [`crate::dwarf::Cache::last_walk_words`]); then of the interpreter memory the splice read
+/// from the thread state on, in order — each address computed from the values read before
+/// it — and the code records of the code objects read (the same argument as [`FrameMemo`]'s:
+/// a code object is known by its address and its identity words, all among the reads). An
+/// entry with the same start, stack top, generation and thread state, whose native words and
+/// logged reads all hold the values read then (the reads replayed in order, each only once
+/// those before it matched, so each reads what the splice itself would read now), gives the
+/// same frames, and so the same stack id. In the thread's frame-memo mapping's neighbour: an
+/// anonymous mapping of its own (`Tls::py_stacks`, about 120 KiB, committed as used), made at
+/// its first splice and unmapped at its exit.
+pub(crate) struct StackMemo {
+    /// Whether the splice under way logs its reads (for [`keep_stack`]).
+    logging: bool,
+    log: Log,
+    /// Per set, the way the next entry replaces (round robin: captures with the same key but
+    /// other frames, such as one Python line reached through two native callers in turn, keep
+    /// an entry each).
+    next: [u8; STACK_SETS],
+    entries: [StackEntry; STACK_SETS * STACK_WAYS],
+}
+
+/// A capture the stack memo did not find: where to keep it once interned.
+pub(crate) struct Pending {
+    key: [u64; 6],
+    ts: u64,
+}
+
+/// Sentinel in `Tls::py_stacks`: mapping the memo failed.
+const STACKS_NONE: usize = 1;
+
+/// The calling thread's stack memo, mapped at its first use; `None` when it cannot be.
+#[inline]
+fn stack_memo(t: &Tls) -> Option<*mut StackMemo> {
+    let mut p = t.py_stacks.get();
+    if p.is_null() {
+        if t.exited.get() {
+            return None;
+        }
+        // Zero-filled: empty entries (key 0 never matches a start with a stack top), log off.
+        p = crate::sys::map_anon(std::mem::size_of::<StackMemo>()) as *mut StackMemo;
+        if p.is_null() {
+            p = STACKS_NONE as *mut StackMemo;
+        }
+        t.py_stacks.set(p);
+    }
+    if p as usize == STACKS_NONE {
+        return None;
+    }
+    Some(p)
+}
+
+/// The thread's splice log while the stack memo asked for one, else null.
+#[inline(always)]
+fn stack_log(t: &Tls) -> *mut Log {
+    let p = t.py_stacks.get();
+    if p.is_null() || p as usize == STACKS_NONE {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the thread's own memo, mapped and alive until its exit handler.
+    unsafe {
+        if !(*p).logging {
+            return std::ptr::null_mut();
+        }
+        std::ptr::addr_of_mut!((*p).log)
+    }
+}
+
+/// Unmaps a thread's stack memo (its exit handler).
+pub(crate) fn free_stack_memo(t: &Tls) {
+    let p = t.py_stacks.replace(STACKS_NONE as *mut StackMemo);
+    if !p.is_null() && p as usize != STACKS_NONE {
+        // SAFETY: mapped by `stack_memo` with this size; the thread no longer splices.
+        unsafe { crate::sys::unmap(p as *mut u8, std::mem::size_of::<StackMemo>()) };
+    }
+}
+
+#[inline(always)]
+fn stack_set(key: &[u64; 6]) -> usize {
+    let h = (key[0] ^ key[1].rotate_left(11) ^ key[2].rotate_left(23) ^ key[3].rotate_left(31))
+        ^ (key[4].rotate_left(41) ^ key[5].rotate_left(53));
+    (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize & (STACK_SETS - 1)
+}
+
+/// What [`find_stack`] found.
+pub(crate) enum Found {
+    /// The stack id of a capture from `start` now.
+    Id(u32),
+    /// Not found: capture, then [`keep_stack`] with this.
+    Miss(Pending),
+    /// No memo here (CPython's frames not being recorded, no mapping).
+    Off,
+}
+
+/// Looks for the stack a capture from `start` (the walk's start registers: code address or 0,
+/// `sp` or 0, `rbp`) below stack top `hi` would find, in the thread's stack memo. On a miss the
+/// splice that follows logs its reads, for [`keep_stack`].
+#[inline(never)]
+pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
+    if STATE.load(Ordering::Relaxed) != ACTIVE {
+        return Found::Off;
+    }
+    let Some(py) = py() else { return Found::Off };
+    let Some(m) = stack_memo(t) else {
+        return Found::Off;
+    };
+    // SAFETY: the thread's own memo, used by one capture at a time (inside its reentrancy
+    // guard), unmapped only by its exit handler.
+    let m = unsafe { &mut *m };
+    m.logging = false;
+    // The thread's innermost interpreter frame and instruction, read as the splice reads
+    // them (the same checks first): the key tells apart the Python lines that reach an
+    // allocation through the same native frames.
+    let (mut ts, mut f, mut instr) = (0usize, 0usize, 0usize);
+    // SAFETY: as in `splice_active`.
+    if unsafe { (py.is_initialized)() } != 0 {
+        // SAFETY: as in `splice_active`.
+        ts = unsafe { (py.this_thread_state)() } as usize;
+        if plausible(ts) {
+            let o = &py.off;
+            // SAFETY: as in `splice_active`: `ts` is this thread's live thread state.
+            f = unsafe {
+                match o.cframe {
+                    Some(cf) => {
+                        let c = rd(ts, cf);
+                        let on_stack = c >= t.stack_lo.get() && c < t.stack_hi.get();
+                        if plausible(c) && (on_stack || (c >= ts && c < ts + 4096)) {
+                            rd(c, o.current_frame)
+                        } else {
+                            0
+                        }
+                    }
+                    None => rd(ts, o.current_frame),
+                }
+            };
+            if plausible(f) {
+                // SAFETY: `f` is the thread's current frame, live while it runs; its caller's
+                // frame too (null or plausible, checked).
+                instr = unsafe {
+                    let prev = rd(f, o.f_previous);
+                    let caller = if plausible(prev) {
+                        rd(prev, o.f_instr)
+                    } else {
+                        0
+                    };
+                    rd(f, o.f_instr) ^ caller.rotate_left(32)
+                };
+            } else {
+                f = 0;
+            }
+        } else {
+            ts = 0;
+        }
+    }
+    // The first return address too, when the walk starts from a frame pointer: callers at
+    // the same depth differ there.
+    let first = if start[0] == 0 && start[2] >= start[1] && start[2] + 16 <= hi {
+        // SAFETY: the exported function's frame record, on this thread's stack below its top.
+        unsafe { std::ptr::read_volatile((start[2] + 8) as *const u64) }
+    } else {
+        0
+    };
+    let key = [
+        start[0],
+        first ^ start[1],
+        start[2],
+        hi,
+        f as u64,
+        instr as u64,
+    ];
+    // Every native word lies at or above the walk's first frame (its `sp`, or the exported
+    // function's frame pointer): then any walk from this start reads it within its bounds.
+    let base = if start[0] == 0 { start[2] } else { start[1] };
+    let generation = crate::dwarf::newest_generation();
+    let set = stack_set(&key);
+    for e in &m.entries[set * STACK_WAYS..(set + 1) * STACK_WAYS] {
+        if e.key == key
+            && e.ts == ts as u64
+            && e.generation == generation
+            && e.floor >= base
+            && holds(e)
+        {
+            return Found::Id(e.id);
+        }
+    }
+    m.logging = true;
+    m.log.spoiled = false;
+    m.log.n = 0;
+    Found::Miss(Pending { key, ts: ts as u64 })
+}
+
+/// Whether every native word and every logged read of `e` still holds its value (the reads
+/// replayed in their order: see [`StackMemo`]).
+#[inline(always)]
+fn holds(e: &StackEntry) -> bool {
+    let mut diff = 0;
+    for w in &e.native[..e.natives as usize] {
+        // SAFETY: a word of this thread's stack that the walk read, at or above `floor`,
+        // which is at or above the walk's first frame (checked by the caller: a live frame of
+        // the allocating code's callers), and below the same stack top: mapped.
+        diff |= unsafe { std::ptr::read_volatile(w[0] as *const u64) } ^ w[1];
+    }
+    if diff != 0 {
+        return false;
+    }
+    // In order, stopping at the first difference: a read after it may name memory freed
+    // since (a frame or code object no longer there).
+    for r in &e.log[..e.reads as usize] {
+        // SAFETY: each read is one the splice made, at an address computed from the values
+        // read before it, all found unchanged: a field of the same live thread state, frame
+        // or code object the splice would read now (its aligned word: the same object's).
+        let v = unsafe { std::ptr::read_volatile(r[0] as *const u64) };
+        if (v ^ r[2]) & r[1] != 0 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Keeps the capture `p` was found missing for: the native words of the walk just made (from
+/// `cache`), the reads the splice logged, and its stack id. Turns the log off.
+pub(crate) fn keep_stack(t: &Tls, p: Pending, cache: &crate::dwarf::Cache, id: u32) {
+    let Some(m) = stack_memo(t) else { return };
+    // SAFETY: as in `find_stack`.
+    let m = unsafe { &mut *m };
+    m.logging = false;
+    if m.log.spoiled || m.log.n > LOG_MAX || id == u32::MAX {
+        return;
+    }
+    let set = stack_set(&p.key);
+    let way = m.next[set] as usize % STACK_WAYS;
+    m.next[set] = ((way + 1) % STACK_WAYS) as u8;
+    let e = &mut m.entries[set * STACK_WAYS + way];
+    // Emptied first: a walk that cannot be kept leaves no stale entry behind.
+    e.key = [0; 6];
+    let Some((k, hi, generation)) = cache.last_walk_words(&mut e.native) else {
+        return;
+    };
+    if hi != p.key[3] || generation != crate::dwarf::newest_generation() {
+        return;
+    }
+    let floor = e.native[..k].iter().map(|w| w[0]).min().unwrap_or(u64::MAX);
+    let n = m.log.n;
+    e.log[..n].copy_from_slice(&m.log.reads[..n]);
+    e.natives = k as u32;
+    e.reads = n as u32;
+    e.floor = floor;
+    e.ts = p.ts;
+    e.generation = generation;
+    e.id = id;
+    e.key = p.key;
+}
+
 // ---- code records ------------------------------------------------------------------------
 
 /// Slots of the code table (code object → record): 16 bytes each, 4 MiB, touched lazily.
@@ -764,15 +1151,15 @@ fn codes_table() {
 /// qualified name and line table, and its first line.
 ///
 /// # Safety
-/// `code` must be a live code object.
+/// `code` must be a live code object; `log` as in [`lrd`].
 #[inline(always)]
-unsafe fn identity(o: &Offsets, code: usize) -> [usize; 3] {
+unsafe fn identity(o: &Offsets, code: usize, log: *mut Log) -> [usize; 3] {
     // SAFETY: the caller's contract.
     unsafe {
         [
-            rd(code, o.co_qualname),
-            rd(code, o.co_linetable),
-            *((code + o.co_firstlineno) as *const u32) as usize,
+            lrd(log, code, o.co_qualname),
+            lrd(log, code, o.co_linetable),
+            lu32(log, code + o.co_firstlineno) as usize,
         ]
     }
 }

@@ -211,6 +211,9 @@ pub struct Tls {
     /// This thread's memo of spliced Python frames (null until its first splice; see
     /// `python::FrameMemo`).
     pub(crate) py_memo: Cell<*mut crate::python::FrameMemo>,
+    /// The thread's memo of whole stacks with CPython's frames (see
+    /// [`crate::python::StackMemo`]); null until its first splice.
+    pub(crate) py_stacks: Cell<*mut crate::python::StackMemo>,
 }
 pub(crate) const EXITED: u32 = u32::MAX;
 
@@ -256,6 +259,7 @@ impl Tls {
             py_closed: Cell::new(u64::MAX),
             py_skip: Cell::new(false),
             py_memo: Cell::new(std::ptr::null_mut()),
+            py_stacks: Cell::new(std::ptr::null_mut()),
         }
     }
 

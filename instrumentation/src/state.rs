@@ -271,6 +271,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
             }
         }
         crate::python::free_frame_memo(t);
+        crate::python::free_stack_memo(t);
         let slot = value as usize as u32;
         if slot != 0 && t.slot.get() == slot {
             g.writer.release_thread(slot - 1);
