@@ -892,6 +892,10 @@ struct StackEntry {
 pub(crate) struct StackMemo {
     /// Whether the splice under way logs its reads (for [`keep_stack`]).
     logging: bool,
+    /// Lookups and hits in the current window of [`STACK_WINDOW`] lookups.
+    window: (u32, u32),
+    /// Captures left that do not use the memo (see [`STACK_WINDOW`]).
+    pause: u32,
     log: Log,
     /// Per set, the way the next entry replaces (round robin: captures with the same key but
     /// other frames, such as one Python line reached through two native callers in turn, keep
@@ -905,6 +909,13 @@ pub(crate) struct Pending {
     key: [u64; 6],
     ts: u64,
 }
+
+/// Lookups per window over which a thread's stack memo is judged: a window in which fewer than
+/// an eighth were found (stacks that hardly repeat: every miss logs the splice's reads and
+/// keeps about 2.6 KiB) leaves the memo alone for the next [`STACK_PAUSE`] captures.
+const STACK_WINDOW: u32 = 256;
+/// See [`STACK_WINDOW`].
+const STACK_PAUSE: u32 = 16 * STACK_WINDOW;
 
 /// Sentinel in `Tls::py_stacks`: mapping the memo failed.
 const STACKS_NONE: usize = 1;
@@ -988,6 +999,10 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
     // guard), unmapped only by its exit handler.
     let m = unsafe { &mut *m };
     m.logging = false;
+    if m.pause > 0 {
+        m.pause -= 1;
+        return Found::Off;
+    }
     // The thread's innermost interpreter frame and instruction, read as the splice reads
     // them (the same checks first): the key tells apart the Python lines that reach an
     // allocation through the same native frames.
@@ -1053,20 +1068,38 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
     let base = if start[0] == 0 { start[2] } else { start[1] };
     let generation = crate::dwarf::newest_generation();
     let set = stack_set(&key);
-    for e in &m.entries[set * STACK_WAYS..(set + 1) * STACK_WAYS] {
-        if e.key == key
-            && e.ts == ts as u64
-            && e.generation == generation
-            && e.floor >= base
-            && holds(e)
-        {
-            return Found::Id(e.id);
-        }
+    let found = m.entries[set * STACK_WAYS..(set + 1) * STACK_WAYS]
+        .iter()
+        .find(|e| {
+            e.key == key
+                && e.ts == ts as u64
+                && e.generation == generation
+                && e.floor >= base
+                && holds(e)
+        })
+        .map(|e| e.id);
+    count(m, found.is_some());
+    if let Some(id) = found {
+        return Found::Id(id);
     }
     m.logging = true;
     m.log.spoiled = false;
     m.log.n = 0;
     Found::Miss(Pending { key, ts: ts as u64 })
+}
+
+/// Counts a lookup in the memo's window, pausing the memo after a window that found too few
+/// (see [`STACK_WINDOW`]).
+#[inline(always)]
+fn count(m: &mut StackMemo, hit: bool) {
+    let (n, h) = (m.window.0 + 1, m.window.1 + hit as u32);
+    m.window = (n, h);
+    if n == STACK_WINDOW {
+        if h * 8 < n {
+            m.pause = STACK_PAUSE;
+        }
+        m.window = (0, 0);
+    }
 }
 
 /// Whether every native word and every logged read of `e` still holds its value (the reads
