@@ -24,6 +24,10 @@
 //!   record (qualified name, file, first line, line table — written to the region the first
 //!   time the code object is seen, so post-mortem snapshots keep names) and the instruction
 //!   executing.
+//! * **Whole stacks again** ([`find_stack`], [`keep_stack`]): a capture that repeats one the
+//!   thread made recently (the same native words, the same interpreter memory read in the same
+//!   order) takes that capture's stack id without walking, splicing or interning; see
+//!   [`StackMemo`].
 //!
 //! Interpreter memory is read only along the calling thread's own frame chain, which only that
 //! thread changes: every pointer is checked (non-null, aligned, user-space), every code object
