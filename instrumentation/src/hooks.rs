@@ -316,9 +316,9 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // `enter`): no other reference to it exists during this capture.
     let n = match (t.dwarf_cache().map(|c| unsafe { &mut *c }), start) {
         (Some(cache), start) => {
-            // Without CPython's frames to splice in, a walk found in the memo with its stack id
-            // need not write its frames out: only the id is used (below).
             let splice = crate::python::may_splice();
+            // With CPython's frames spliced in, the thread's memo of whole stacks may hold this
+            // one: then nothing is walked, spliced or interned.
             if splice {
                 let regs = match start {
                     Start::FramePointer(fp) => [0, 0, fp as u64],
@@ -330,6 +330,8 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
                     crate::python::Found::Off => {}
                 }
             }
+            // Without CPython's frames to splice in, a walk found in the memo with its stack id
+            // need not write its frames out: only the id is used (below).
             cache.set_id_only(!splice);
             let n = cfi_walk(start, hi, cache, frames);
             cache.set_id_only(false);
