@@ -776,6 +776,8 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
     let fp = crate::frame_pointer!();
     // SAFETY: as in py_malloc.
     let o = unsafe { python::orig(ctx) };
+    // SAFETY: a block handed to the wrapped domain's realloc.
+    unsafe { python::note_free(ctx, ptr) };
     // A domain of glibc's blocks: the preloaded `realloc` closes the record, from the block's
     // trailer or the address index (below).
     let old = if python::glibc_backed(ctx) {
@@ -812,6 +814,8 @@ unsafe extern "C" fn py_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
 unsafe extern "C" fn py_free(ctx: *mut c_void, ptr: *mut c_void) {
     // SAFETY: as in py_malloc.
     let o = unsafe { python::orig(ctx) };
+    // SAFETY: a block handed to the wrapped domain's free.
+    unsafe { python::note_free(ctx, ptr) };
     // A domain of glibc's blocks: the preloaded `free` closes the record, from the block's
     // trailer or the address index, before glibc gets the block.
     if !python::glibc_backed(ctx) {

@@ -143,6 +143,52 @@ static PY: Cell<Py> = Cell(UnsafeCell::new(None));
 static ORIG_MEM: Cell<PyMemAllocatorEx> = Cell(UnsafeCell::new(None));
 static ORIG_OBJ: Cell<PyMemAllocatorEx> = Cell(UnsafeCell::new(None));
 
+/// The object domain wrappers' `ctx` (0 before installation) and `PyCode_Type`'s address, for
+/// [`note_free`].
+static OBJ_CTX: AtomicUsize = AtomicUsize::new(0);
+static CODE_TYPE: AtomicUsize = AtomicUsize::new(0);
+
+/// Code objects the wrappers saw freed (see [`note_free`]): while this count stays the same,
+/// a code object at a given address is the one that was there when the count was read, which
+/// lets the memos of frames ([`FrameMemo`]) and stacks ([`StackMemo`]) know a code object by
+/// its address without reading its identity words (four reads in its own cache lines, a
+/// Python frame).
+static CODE_DEATHS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `ptr` in [`CODE_DEATHS`] if it is a code object handed to the object domain's free
+/// (or moved by its realloc): called by the wrappers before they forward the call, so before
+/// another object can be made at that address.
+///
+/// Why this sees every code object that dies once the wrappers are installed (and memos exist
+/// only after that): CPython frees code objects with `PyObject_Free` (`code_dealloc`,
+/// `Objects/codeobject.c`; they are not tracked by the cyclic GC, so the block starts at the
+/// object), which calls the object domain's allocator, ours or a hook chained to it
+/// (tracemalloc's, the debug hooks). An embedder that replaced the allocator without calling
+/// ours would also hide its objects from the recording.
+///
+/// # Safety
+/// `ptr` is null or a block handed to the wrapped object domain's free or realloc. Such blocks
+/// hold at least 16 bytes on the versions the wrappers are installed for (3.11+: pymalloc's
+/// 16-byte alignment, glibc's 24-byte minimum, the debug hooks' guard bytes), so the word at
+/// `ptr + 8` (`ob_type` of an object) is the block's own.
+#[inline(always)]
+pub(crate) unsafe fn note_free(ctx: *mut c_void, ptr: *mut c_void) {
+    if ctx as usize == OBJ_CTX.load(Ordering::Relaxed)
+        && !ptr.is_null()
+        // SAFETY: the caller's contract.
+        && unsafe { rd(ptr as usize, 8) } == CODE_TYPE.load(Ordering::Relaxed)
+    {
+        CODE_DEATHS.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// [`CODE_DEATHS`] now (Acquire: a code object made at an address after a death there is
+/// seen with that death counted).
+#[inline(always)]
+fn code_deaths() -> u64 {
+    CODE_DEATHS.load(Ordering::Acquire)
+}
+
 fn py() -> Option<&'static Py> {
     if STATE.load(Ordering::Acquire) < DETECTED {
         return None;
@@ -451,6 +497,10 @@ fn try_install(wrappers: &Wrappers) {
         if glibc {
             GLIBC_CTX[wrapper].store(ctx as usize, Ordering::Relaxed);
         }
+        if domain == PYMEM_DOMAIN_OBJ {
+            CODE_TYPE.store(py.code_type, Ordering::Relaxed);
+            OBJ_CTX.store(ctx as usize, Ordering::Relaxed);
+        }
         let mut w = PyMemAllocatorEx {
             ctx: ctx as *mut c_void,
             malloc: Some(wrappers.malloc),
@@ -566,12 +616,23 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     // SAFETY: this thread's own memo, used by one capture at a time (inside its reentrancy
     // guard), unmapped only by the thread's exit handler.
     let mut memo = frame_memo(t).map(|p| unsafe { &mut *p });
+    let deaths = code_deaths();
     for slot in &native[..len] {
         // SAFETY: the first `len` entries were written just above.
         let mut pc = unsafe { slot.assume_init() };
         if in_eval(pc) {
             let before = out;
-            run_frames(g, py, &mut memo, log, &mut f, &mut visits, frames, &mut out);
+            run_frames(
+                g,
+                py,
+                &mut memo,
+                deaths,
+                log,
+                &mut f,
+                &mut visits,
+                frames,
+                &mut out,
+            );
             if out > before {
                 pc |= PYTHON_EVAL_FRAME;
             }
@@ -587,7 +648,17 @@ fn splice_active(g: &Global, t: &Tls, frames: &mut [u64; MAX_FRAMES], n: usize) 
     // side, without the native frames between them, as memray and py-spy do.
     if n < MAX_FRAMES {
         while out < MAX_FRAMES && plausible(f) && visits < MAX_VISITS {
-            run_frames(g, py, &mut memo, log, &mut f, &mut visits, frames, &mut out);
+            run_frames(
+                g,
+                py,
+                &mut memo,
+                deaths,
+                log,
+                &mut f,
+                &mut visits,
+                frames,
+                &mut out,
+            );
         }
     }
     out
@@ -601,6 +672,7 @@ fn run_frames(
     g: &Global,
     py: &Py,
     memo: &mut Option<&mut FrameMemo>,
+    deaths: u64,
     log: *mut Log,
     f: &mut usize,
     visits: &mut usize,
@@ -618,16 +690,22 @@ fn run_frames(
         let cur = next;
         // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
         // are those of its version.
-        let (owner, prev) = unsafe { (lbyte(log, cur + o.f_owner), lrd(log, cur, o.f_previous)) };
+        // `owner` and `is_entry` first: the same word (3.11), logged once (see `Log::put`).
+        let (owner, entry, prev) = unsafe {
+            (
+                lbyte(log, cur + o.f_owner),
+                entry_at.map(|e| lbyte(log, cur + e)),
+                lrd(log, cur, o.f_previous),
+            )
+        };
         next = prev;
-        let entry = match entry_at {
-            // SAFETY: as above.
-            Some(e) => (unsafe { lbyte(log, cur + e) }) != 0,
+        let entry = match entry {
+            Some(b) => b != 0,
             None if owner == OWNED_BY_CSTACK => break,
             None => false,
         };
         if k < MAX_FRAMES {
-            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), log, cur) {
+            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), deaths, log, cur) {
                 frames[k] = x;
                 k += 1;
             }
@@ -641,28 +719,42 @@ fn run_frames(
 
 /// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.
 ///
-/// A frame whose code object, instruction and code identity are those of a frame this thread
-/// spliced before gets the value found then from `memo`, without the code table.
+/// A frame whose code object and instruction are those of a frame this thread spliced before
+/// gets the value found then from `memo`: without reading the code object at all when no code
+/// object died since (`deaths`, see [`CODE_DEATHS`]), else once its identity matches.
 #[inline]
 fn python_frame(
     g: &Global,
     py: &Py,
     memo: Option<&mut FrameMemo>,
+    deaths: u64,
     log: *mut Log,
     f: usize,
 ) -> Option<u64> {
     let o = &py.off;
     // SAFETY: `f` is a live frame of this thread (see `splice_active`).
-    let code = unsafe { lrd(log, f, o.f_code) };
-    // SAFETY: checked plausible before reading its type (PyObject.ob_type at 8).
-    if !plausible(code) || unsafe { lrd(log, code, 8) } != py.code_type {
+    let (code, instr) = unsafe { (lrd(log, f, o.f_code), lrd(log, f, o.f_instr)) };
+    if !plausible(code) {
         return None;
     }
-    // SAFETY: `f` as above; `code` is a code object, alive while `f` runs it.
-    let (instr, ident) = unsafe { (lrd(log, f, o.f_instr), identity(o, code, log)) };
-    let slot = memo.map(|m| &mut m.slots[FrameMemo::slot(code, instr)]);
+    let mut slot = memo.map(|m| &mut m.slots[FrameMemo::slot(code, instr)]);
     if let Some(s) = &slot {
+        // The code object this frame runs is alive (the frame holds a reference to it), and
+        // was alive at this address when the entry was written (its type and identity read
+        // then): with no code object freed since, it is the same object.
+        if s.code == code && s.instr == instr && s.deaths == deaths {
+            return Some(s.value);
+        }
+    }
+    // SAFETY: checked plausible before reading its type (PyObject.ob_type at 8).
+    if unsafe { lrd(log, code, 8) } != py.code_type {
+        return None;
+    }
+    // SAFETY: `code` is a code object, alive while `f` runs it.
+    let ident = unsafe { identity(o, code, log) };
+    if let Some(s) = &mut slot {
         if s.code == code && s.instr == instr && s.ident == ident {
+            s.deaths = deaths;
             return Some(s.value);
         }
     }
@@ -689,6 +781,7 @@ fn python_frame(
                 instr,
                 ident,
                 value,
+                deaths,
             };
         }
     }
@@ -696,16 +789,18 @@ fn python_frame(
 }
 
 /// One frame a thread spliced: its code object, instruction pointer and code [`identity`],
-/// and the [`PYTHON_FRAME`] value found for them.
+/// the [`PYTHON_FRAME`] value found for them, and [`CODE_DEATHS`] when the identity was last
+/// read.
 #[derive(Clone, Copy)]
 struct Seen {
     code: usize,
     instr: usize,
     ident: [usize; 3],
     value: u64,
+    deaths: u64,
 }
 
-/// Entries of a [`FrameMemo`] (a power of two): 12 KiB a thread.
+/// Entries of a [`FrameMemo`] (a power of two): 14 KiB a thread.
 const MEMO_SLOTS: usize = 256;
 
 /// A thread's memo of the Python frames it spliced, by code object and instruction
@@ -715,8 +810,10 @@ const MEMO_SLOTS: usize = 256;
 /// Why a hit is exact: a frame's value is a function of its code object's record and the
 /// instruction's index in it. The index follows from the code object's address and the
 /// instruction pointer, both compared. The record is the code table's for that address and
-/// [`fingerprint`]: an entry matches only when the code object at that address has the same
-/// [`identity`] (qualified name and line table objects, first line) as when it was written,
+/// [`fingerprint`]: an entry matches only when the code object at that address is the one it
+/// was written for — known without reading it when no code object died since ([`CODE_DEATHS`]
+/// unchanged: the frame's own code object is alive now, and so it was already there then),
+/// else when it has the same [`identity`] (qualified name and line table objects, first line),
 /// the very words the fingerprint is made of. In an anonymous mapping of the thread's own
 /// (`Tls::py_memo`), made at its first splice and unmapped at its exit.
 pub(crate) struct FrameMemo {
@@ -766,8 +863,9 @@ pub(crate) fn free_frame_memo(t: &Tls) {
 
 // ---- whole stacks --------------------------------------------------------------------------
 
-/// Interpreter reads a splice logs at most (about 10 a frame).
-const LOG_MAX: usize = 64;
+/// Interpreter reads a splice logs at most: four a Python frame whose code object the frame
+/// memo knows, about ten for one it does not; 160 keep stacks of about 38 Python frames.
+const LOG_MAX: usize = 160;
 /// Native stack words an entry keeps at most (a return-address slot and a saved-`rbp` slot a
 /// frame, and the words that ended the walk).
 const NATIVE_MAX: usize = 64;
@@ -804,11 +902,21 @@ impl Log {
         self.put([at as u64, u64::MAX, val]);
     }
 
+    /// Appends read `r`, or adds it to the last one when both read the same word (a frame's
+    /// `owner` and `is_entry` bytes): the word is then checked once for both. Checking the
+    /// second read's bits early is sound: its address, that word, was known before the first.
     #[inline(always)]
     fn put(&mut self, r: [u64; 3]) {
-        let k = self.n.min(LOG_MAX - 1);
+        let n = self.n;
+        if n > 0 && n <= LOG_MAX && self.reads[n - 1][0] == r[0] {
+            let last = &mut self.reads[n - 1];
+            last[1] |= r[1];
+            last[2] |= r[2];
+            return;
+        }
+        let k = n.min(LOG_MAX - 1);
         self.reads[k] = r;
-        self.n += 1;
+        self.n = n + 1;
     }
 }
 
@@ -869,6 +977,9 @@ struct StackEntry {
     ts: u64,
     /// The object list generation of the walk's rules.
     generation: u64,
+    /// [`CODE_DEATHS`] before the splice: the code objects it knew by their address alone
+    /// are the same only while no code object has died since.
+    deaths: u64,
     /// The lowest native word's address.
     floor: u64,
     id: u32,
@@ -886,8 +997,9 @@ struct StackEntry {
 /// [`crate::dwarf::Cache::last_walk_words`]); then of the interpreter memory the splice read
 /// from the thread state on, in order — each address computed from the values read before
 /// it — and the code records of the code objects read (the same argument as [`FrameMemo`]'s:
-/// a code object is known by its address and its identity words, all among the reads). An
-/// entry with the same start, stack top, generation and thread state, whose native words and
+/// a code object is known by its address and either its identity words, among the reads, or
+/// [`CODE_DEATHS`] unchanged since the entry was made). An entry with the same start, stack
+/// top, generation, thread state and count of code deaths, whose native words and
 /// logged reads all hold the values read then (the reads replayed in order, each only once
 /// those before it matched, so each reads what the splice itself would read now), gives the
 /// same frames, and so the same stack id. In the thread's frame-memo mapping's neighbour: an
@@ -912,6 +1024,7 @@ pub(crate) struct StackMemo {
 pub(crate) struct Pending {
     key: [u64; 6],
     ts: u64,
+    deaths: u64,
 }
 
 /// Lookups per window over which a thread's stack memo is judged: a window in which fewer than
@@ -1071,6 +1184,8 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
     // function's frame pointer): then any walk from this start reads it within its bounds.
     let base = if start[0] == 0 { start[2] } else { start[1] };
     let generation = crate::dwarf::newest_generation();
+    // Read before the splice's own reading of it (so never newer than what the splice used).
+    let deaths = code_deaths();
     let set = stack_set(&key);
     let found = m.entries[set * STACK_WAYS..(set + 1) * STACK_WAYS]
         .iter()
@@ -1078,6 +1193,7 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
             e.key == key
                 && e.ts == ts as u64
                 && e.generation == generation
+                && e.deaths == deaths
                 && e.floor >= base
                 && holds(e)
         })
@@ -1089,7 +1205,11 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
     m.logging = true;
     m.log.spoiled = false;
     m.log.n = 0;
-    Found::Miss(Pending { key, ts: ts as u64 })
+    Found::Miss(Pending {
+        key,
+        ts: ts as u64,
+        deaths,
+    })
 }
 
 /// Counts a lookup in the memo's window, pausing the memo after a window that found too few
@@ -1164,6 +1284,7 @@ pub(crate) fn keep_stack(t: &Tls, p: Pending, cache: &crate::dwarf::Cache, id: u
     e.floor = floor;
     e.ts = p.ts;
     e.generation = generation;
+    e.deaths = p.deaths;
     e.id = id;
     e.key = p.key;
 }
