@@ -647,6 +647,73 @@ fn stacks_differing_only_in_an_outer_frame_stay_apart() {
     }
 }
 
+const DEEP_TWO_ROOTS: &str = r#"import os, sys
+def leaf(n):
+    return bytes(n)
+def down(k, n):
+    if k == 0:
+        return leaf(n)
+    return down(k - 1, n)
+def root_a(n):
+    return down(30, n)
+def root_b(n):
+    return down(30, n)
+held = []
+for i in range(2000):
+    held.append(root_a(30000 + i % 2))
+    held.append(root_b(40000 + i % 2))
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// As [`stacks_differing_only_in_an_outer_frame_stay_apart`], 33 Python frames deep: `leaf`
+/// under 31 frames of `down` under `root_a` or `root_b` in turn, 2,000 times each. The stack
+/// memo keeps such stacks whole (about four logged reads a frame), and only the outermost
+/// function differs: every `bytes` must be under its own root with its own size, with
+/// pymalloc and with `PYTHONMALLOC=malloc`. Negative control: with the replay of the logged
+/// reads cut to the first 100 (`python::holds`), `root_b`'s blocks are found under `root_a`
+/// and the test fails.
+#[test]
+fn deep_stacks_differing_only_in_the_outermost_frame_stay_apart() {
+    for (label, py) in pythons("deep_stacks_differing_only_in_the_outermost_frame_stay_apart") {
+        for malloc in [false, true] {
+            let dir = region_dir("python-deep-two-roots");
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("deep_two_roots.py");
+            std::fs::write(&script, DEEP_TWO_ROOTS).unwrap();
+            let mut cmd = Command::new(&py);
+            cmd.arg(&script);
+            if malloc {
+                cmd.env("PYTHONMALLOC", "malloc");
+            }
+            let r = start(cmd, &dir, true);
+            let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+            let mut by_root: HashMap<String, (i64, i64)> = HashMap::new();
+            for s in &st {
+                let chain = s.chain();
+                if chain.first() != Some(&"leaf") {
+                    continue;
+                }
+                let downs = chain.iter().skip(1).take_while(|f| **f == "down").count();
+                assert_eq!(downs, 31, "{label}: {s:#?}");
+                let root = chain.get(32).copied().unwrap_or("?").to_string();
+                let e = by_root.entry(root).or_default();
+                e.0 += s.blocks;
+                e.1 += s.bytes;
+            }
+            // PyBytesObject: 32 bytes of header and the payload's NUL.
+            let want = |base: i64| (2000, 1000 * (base + 33) + 1000 * (base + 34));
+            let got = |root: &str| by_root.get(root).copied();
+            assert_eq!(
+                (got("root_a"), got("root_b"), by_root.len()),
+                (Some(want(30_000)), Some(want(40_000)), 2),
+                "{label}, PYTHONMALLOC=malloc {malloc}: {by_root:?}"
+            );
+            assert_eq!(r.finish(), 0);
+        }
+    }
+}
+
 const TWO_CALLERS: &str = r#"import ctypes, os, sys
 lib = ctypes.CDLL(sys.argv[1])
 CB = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)
