@@ -1,11 +1,13 @@
 """bench/py_workload.py — CPython allocation churn for the heapdump benchmark harness.
 
-    usage: PYTHONMALLOC=malloc /usr/bin/python3 py_workload.py [ITERATIONS]
+    usage: PYTHONMALLOC=malloc /usr/bin/python3 py_workload.py [ITERATIONS [DEPTH]]
 
 PYTHONMALLOC=malloc makes CPython call malloc/free for every object (bypassing pymalloc),
 so every dict, str, list and int goes through the profiler under test. The work is
 deterministic (fixed seed) and keeps a bounded working set: a ring of dicts, each holding
-strings and lists, replaced round-robin.
+strings and lists, replaced round-robin. DEPTH (default 0) runs the same work under that many
+more Python frames, as in a program whose allocations happen 20 to 50 frames below its entry
+point (a web framework's request handler, a test runner).
 """
 import random
 import sys
@@ -46,5 +48,12 @@ def main():
     print("iters=%d total=%d live=%d" % (iters, total, len(index)))
 
 
+def under(depth):
+    """main() under `depth` more Python frames."""
+    if depth == 0:
+        return main()
+    return under(depth - 1)
+
+
 if __name__ == "__main__":
-    main()
+    under(int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -26,7 +26,8 @@ What it does, in order:
    baseline vs heapdump (every object with Python and native frames, no flag) vs memray
    (pip, in a venv under target/bench: `memray run --trace-python-allocators`, every object
    with Python frames only) vs heaptrack and heapdump with PYTHONMALLOC=malloc (what they
-   need to see every object), same table.
+   need to see every object), same table; then baseline, heapdump and memray on the same work
+   30 Python frames deeper (`py_workload.py ITERS 30`), where per-frame costs show.
 5. Snapshot speed and memory: bench/hold.c holding 1 M (and with --big 10 M) small blocks under
    heapdump; `heapdump snapshot` time and peak RSS, with and without --with-tags; region bytes
    per block; the target's RSS with and without the shim.
@@ -53,7 +54,7 @@ What it does, in order:
 10. Instruction counts (section "instructions"; valgrind, apt-get installed when root unless
    --no-install): `valgrind --tool=cachegrind --cache-sim=yes` of the storm (1 thread, 200,000
    ops), `phases 4 100000` and CPython (PYTHONMALLOC=malloc, PYTHONHASHSEED=0, 2,000
-   iterations), bare, under the shim and under --shim-b: instructions and L1 data misses,
+   iterations, and the same 30 Python frames deeper), bare, under the shim and under --shim-b: instructions and L1 data misses,
    deterministic where timing on a shared VM is not.
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
@@ -97,6 +98,7 @@ MEMRAY_PY = os.path.join(MEMRAY_VENV, "bin", "python")
 
 CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"]
 SAMPLE_INTERVAL = 524288  # 512 KiB, for "heapdump sampled" and "jemalloc prof 512 KiB"
+PY_DEEP = 30  # Python frames added under bench/py_workload.py's work for its "deeper" rows
 
 # Environment variables that would change what a run measures; removed from the base env.
 SCRUBBED_ENV = ("LD_PRELOAD", "MALLOC_CONF", "PYTHONMALLOC", "HEAPDUMP_DIR", "HEAPDUMP_KEEP",
@@ -1007,6 +1009,15 @@ def section_python(args, peers):
     pairs = ab_rounds(configs, py_keys, peers, args, "Python")
     table, notes = overhead_table(pairs, configs, py_keys, peers)
     out += table + [""] + [f"- {n}" for n in notes] + [""]
+    # The same work PY_DEEP Python frames deeper: real programs allocate 20 to 50 frames below
+    # their entry point, and a profiler's per-frame costs show there.
+    deep = [("1", [py, os.path.join(BENCH_SRC, "py_workload.py"), str(args.py_iters),
+                   str(PY_DEEP)])]
+    pairs = ab_rounds(deep, py_keys, peers, args, f"Python, {PY_DEEP} frames deeper")
+    table, notes = overhead_table(pairs, deep, py_keys, peers)
+    out += [f"The same work {PY_DEEP} Python frames deeper (`py_workload.py {args.py_iters} "
+            f"{PY_DEEP}`), pymalloc:", ""]
+    out += table + [""] + [f"- {n}" for n in notes] + [""]
     # PYTHONMALLOC=malloc (every object through malloc): against the same interpreter, also
     # with PYTHONMALLOC=malloc, without a profiler. (Until 2026-11-25 these rows were divided
     # by the pymalloc baseline above, which charged the profiler with glibc's malloc being
@@ -1855,6 +1866,10 @@ def section_instructions(args, exes):
     if py:
         workloads.append(("CPython, PYTHONMALLOC=malloc, py_workload.py 2000",
                           [py, os.path.join(BENCH_SRC, "py_workload.py"), "2000"],
+                          {"PYTHONMALLOC": "malloc", "PYTHONHASHSEED": "0"}))
+        workloads.append((f"CPython, PYTHONMALLOC=malloc, py_workload.py 2000 {PY_DEEP} "
+                          f"({PY_DEEP} Python frames deeper)",
+                          [py, os.path.join(BENCH_SRC, "py_workload.py"), "2000", str(PY_DEEP)],
                           {"PYTHONMALLOC": "malloc", "PYTHONHASHSEED": "0"}))
     lines = ["| workload | run | instructions | × bare | D1 misses | D1 misses × bare |",
              "|---|---|---|---|---|---|"]
