@@ -714,6 +714,57 @@ fn deep_stacks_differing_only_in_the_outermost_frame_stay_apart() {
     }
 }
 
+const UNMARKED_REALLOC: &str = r#"import ctypes, os, sys
+libc = ctypes.CDLL(None)
+libc.memalign.restype = ctypes.c_void_p
+libc.memalign.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+api = ctypes.pythonapi
+api.PyMem_Realloc.restype = ctypes.c_void_p
+api.PyMem_Realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+api.PyMem_Free.argtypes = [ctypes.c_void_p]
+bad = 0
+for i in range(200):
+    # A block the shim gives no mark (the memalign family), resized by the interpreter's
+    # allocator to 49 bytes: glibc's 64-byte chunk leaves 7 bytes after them.
+    p = libc.memalign(16, 24)
+    ctypes.memset(p, 0x11, 24)
+    q = api.PyMem_Realloc(p, 49)
+    ctypes.memset(q, 0x22, 49)
+    q = api.PyMem_Realloc(q, 49)
+    bad += ctypes.string_at(q, 49) != b"\x22" * 49
+    api.PyMem_Free(q)
+print("ready", os.getpid(), bad, flush=True)
+sys.stdin.read()
+"#;
+
+/// A block the shim gave no mark (allocated by `memalign`), resized by the interpreter's
+/// allocator (`PyMem_Realloc`, `PYTHONMALLOC=malloc`) to 49 bytes, written whole, resized
+/// again, 200 times: its 49 bytes must stay the program's, and no record may outlive its
+/// block (the snapshot finds no two blocks at one address). Before the fix the recording wrote
+/// a trailer over the last byte (glibc's `realloc` of an unmarked block leaves 7 bytes of
+/// slack after 49), corrupting it on the second resize, and the record named by the broken
+/// trailer was never closed ("region damaged").
+#[test]
+fn realloc_of_an_unmarked_block_keeps_the_programs_bytes() {
+    for (label, py) in pythons("realloc_of_an_unmarked_block_keeps_the_programs_bytes") {
+        let dir = region_dir("python-unmarked-realloc");
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("unmarked_realloc.py");
+        std::fs::write(&script, UNMARKED_REALLOC).unwrap();
+        let mut cmd = Command::new(&py);
+        cmd.arg(&script).env("PYTHONMALLOC", "malloc");
+        let r = start(cmd, &dir, true);
+        assert_eq!(
+            r.ready[1], "0",
+            "{label}: blocks whose bytes changed: {:?}",
+            r.ready
+        );
+        // `snapshot` fails on a damaged region (two records at one address).
+        decode(&snapshot(&dir, r.pid(), &[]));
+        assert_eq!(r.finish(), 0);
+    }
+}
+
 const TWO_CALLERS: &str = r#"import ctypes, os, sys
 lib = ctypes.CDLL(sys.argv[1])
 CB = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)

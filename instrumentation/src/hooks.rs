@@ -744,15 +744,24 @@ unsafe extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     p
 }
 
-/// Records block `p` a wrapped domain's allocator just made: in its trailer when the domain
-/// hands out glibc's blocks (see `python::glibc_backed`), else in the address index.
+/// Records block `p` of `size` bytes a wrapped domain's allocator just made: in its trailer
+/// when the domain hands out glibc's blocks (see `python::glibc_backed`) and the block has
+/// room for one past those bytes, else in the address index.
+///
+/// Why the room is checked: the preloaded `malloc` and `calloc` ask glibc for 8 bytes more,
+/// but `realloc` of a block without a mark (one the address index holds) is glibc's own, and
+/// may leave fewer than 8 bytes after the program's (49 bytes: a 64-byte chunk, 56 usable). A
+/// trailer written there overwrote the program's last bytes, and the program's next write
+/// there broke the trailer, so the block's record was never closed: two live records at one
+/// address, "region damaged" (seen on CPython 3.11.7, `PYTHONMALLOC=malloc`, a `bytes`
+/// object resized in place while the main script compiled).
 #[inline(always)]
 fn record_py_block(ctx: *mut c_void, p: *mut c_void, size: usize, fp: usize) {
     if python::glibc_backed(ctx) && !p.is_null() {
-        // SAFETY: the domain's blocks are glibc's, made by the preloaded `malloc` family with
-        // room for a trailer (see `python::glibc_domain`).
+        // SAFETY: the domain's blocks are glibc's (see `python::glibc_domain`): the chunk
+        // header precedes `p`.
         let at = unsafe { trailer::locate(p as u64) };
-        if at != 0 {
+        if at != 0 && at >= (p as u64).saturating_add(size as u64) {
             record_alloc_trailed(p as *mut u8, size, fp, at);
             return;
         }
