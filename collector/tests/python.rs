@@ -670,9 +670,9 @@ sys.stdin.read()
 /// under 31 frames of `down` under `root_a` or `root_b` in turn, 2,000 times each. The stack
 /// memo keeps such stacks whole (about four logged reads a frame), and only the outermost
 /// function differs: every `bytes` must be under its own root with its own size, with
-/// pymalloc and with `PYTHONMALLOC=malloc`. Negative control: with the replay of the logged
-/// reads cut to the first 100 (`python::holds`), `root_b`'s blocks are found under `root_a`
-/// and the test fails.
+/// pymalloc and with `PYTHONMALLOC=malloc`. Negative control: with the replay of the log
+/// stopping after its first 100 words (`python::holds` returning true there), `root_b`'s
+/// blocks are found under `root_a` and the test fails.
 #[test]
 fn deep_stacks_differing_only_in_the_outermost_frame_stay_apart() {
     for (label, py) in pythons("deep_stacks_differing_only_in_the_outermost_frame_stay_apart") {

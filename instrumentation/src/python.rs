@@ -685,18 +685,32 @@ fn run_frames(
     // 3.11 marks a run's first frame `is_entry`; 3.12+ put a frame owned by the C stack
     // under it.
     let entry_at = o.f_is_entry;
+    let (owner_word, owner_mask) = frame_words(o);
     while plausible(next) && v < MAX_VISITS {
         v += 1;
         let cur = next;
-        // SAFETY: `cur` is a frame of this thread's chain (checked plausible): its fields
-        // are those of its version.
-        // `owner` and `is_entry` first: the same word (3.11), logged once (see `Log::put`).
-        let (owner, entry, prev) = unsafe {
+        // The frame's words, logged as one record (see `Log::push_frame`).
+        // SAFETY: `cur` is a frame of this thread's chain (checked plausible, so 8-aligned):
+        // its fields are those of its version; the word holding `owner` is the frame's own.
+        let (word, prev, code, instr) = unsafe {
             (
-                lbyte(log, cur + o.f_owner),
-                entry_at.map(|e| lbyte(log, cur + e)),
-                lrd(log, cur, o.f_previous),
+                rd(cur, owner_word),
+                rd(cur, o.f_previous),
+                rd(cur, o.f_code),
+                rd(cur, o.f_instr),
             )
+        };
+        // SAFETY: null or the thread's own log (see `lrd`).
+        if let Some(l) = unsafe { log.as_mut() } {
+            l.push_frame(cur, word as u64 & owner_mask, prev, code, instr);
+        }
+        let byte = |at: usize| (word >> ((at & 7) * 8)) as u8;
+        let owner = byte(o.f_owner);
+        let entry = match entry_at {
+            Some(e) if e & !7 == owner_word => Some(byte(e)),
+            // SAFETY: as above.
+            Some(e) => Some(unsafe { lbyte(log, cur + e) }),
+            None => None,
         };
         next = prev;
         let entry = match entry {
@@ -705,7 +719,7 @@ fn run_frames(
             None => false,
         };
         if k < MAX_FRAMES {
-            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), deaths, log, cur) {
+            if let Some(x) = python_frame(g, py, memo.as_deref_mut(), deaths, log, code, instr) {
                 frames[k] = x;
                 k += 1;
             }
@@ -717,7 +731,22 @@ fn run_frames(
     (*f, *visits, *out) = (next, v, k);
 }
 
-/// The [`PYTHON_FRAME`] of interpreter frame `f`; `None` when it runs no code object.
+/// Where a frame record ([`Log::push_frame`]) reads a frame's `owner` byte: the offset of the
+/// aligned word that holds it, and the bits of `owner` and, when in the same word (3.11),
+/// `is_entry`. `f_previous`, `f_code` and `f_instr` are pointers, aligned words of their own.
+#[inline(always)]
+fn frame_words(o: &Offsets) -> (usize, u64) {
+    let word = o.f_owner & !7;
+    let byte = |at: usize| 0xffu64 << ((at & 7) * 8);
+    let mask = match o.f_is_entry {
+        Some(e) if e & !7 == word => byte(o.f_owner) | byte(e),
+        _ => byte(o.f_owner),
+    };
+    (word, mask)
+}
+
+/// The [`PYTHON_FRAME`] of an interpreter frame running `code` at `instr` (its `f_code` and
+/// `f_instr`, read and logged by the caller); `None` when it runs no code object.
 ///
 /// A frame whose code object and instruction are those of a frame this thread spliced before
 /// gets the value found then from `memo`: without reading the code object at all when no code
@@ -729,11 +758,10 @@ fn python_frame(
     memo: Option<&mut FrameMemo>,
     deaths: u64,
     log: *mut Log,
-    f: usize,
+    code: usize,
+    instr: usize,
 ) -> Option<u64> {
     let o = &py.off;
-    // SAFETY: `f` is a live frame of this thread (see `splice_active`).
-    let (code, instr) = unsafe { (lrd(log, f, o.f_code), lrd(log, f, o.f_instr)) };
     if !plausible(code) {
         return None;
     }
@@ -863,9 +891,12 @@ pub(crate) fn free_frame_memo(t: &Tls) {
 
 // ---- whole stacks --------------------------------------------------------------------------
 
-/// Interpreter reads a splice logs at most: four a Python frame whose code object the frame
-/// memo knows, about ten for one it does not; 160 keep stacks of about 38 Python frames.
-const LOG_MAX: usize = 160;
+/// Words of a splice's [`Log`] (and of a [`StackEntry`]'s copy of one) at most: a frame whose
+/// code object the frame memo knows takes a 5-word record, another read 3 words; 384 keep
+/// stacks of about 70 Python frames.
+const LOG_WORDS: usize = 384;
+/// The first word of a frame record has this bit set (interpreter addresses lie below 2^47).
+const FRAME_RECORD: u64 = 1 << 63;
 /// Native stack words an entry keeps at most (a return-address slot and a saved-`rbp` slot a
 /// frame, and the words that ended the walk).
 const NATIVE_MAX: usize = 64;
@@ -873,15 +904,19 @@ const NATIVE_MAX: usize = 64;
 const STACK_SETS: usize = 16;
 const STACK_WAYS: usize = 4;
 
-/// The interpreter memory one splice read, in order: per read the aligned word that holds it,
-/// which of that word's bits it read, and those bits' value (so a read of any width is
-/// checked again as one word: `(word ^ value) & mask == 0`).
+/// The interpreter memory one splice read, in order, as records of words:
+///
+/// * a read: `[address of the aligned word that holds it, which of its bits were read, their
+///   value]`, so a read of any width is checked again as one word: `(word ^ value) & mask == 0`;
+/// * a frame: `[frame address | FRAME_RECORD, owner word & mask, previous, code, instruction]`
+///   (see [`frame_words`]): the four words of an interpreter frame the splice reads, all at
+///   fixed offsets from the frame's address, checked together.
 pub(crate) struct Log {
-    /// Reads so far; past [`LOG_MAX`] (the last slot rewritten): too many, not kept.
+    /// Words written so far; past [`LOG_WORDS`]: too many, not kept.
     n: usize,
     /// A frame got no code record: not kept.
     spoiled: bool,
-    reads: [[u64; 3]; LOG_MAX],
+    words: [u64; LOG_WORDS],
 }
 
 impl Log {
@@ -902,21 +937,28 @@ impl Log {
         self.put([at as u64, u64::MAX, val]);
     }
 
-    /// Appends read `r`, or adds it to the last one when both read the same word (a frame's
-    /// `owner` and `is_entry` bytes): the word is then checked once for both. Checking the
-    /// second read's bits early is sound: its address, that word, was known before the first.
+    /// Logs the words of frame `f` read by `run_frames`: the word holding `owner` (masked as
+    /// [`frame_words`] says), `previous`, `code` and `instr`.
     #[inline(always)]
-    fn put(&mut self, r: [u64; 3]) {
+    fn push_frame(&mut self, f: usize, owner: u64, prev: usize, code: usize, instr: usize) {
+        self.put([
+            f as u64 | FRAME_RECORD,
+            owner,
+            prev as u64,
+            code as u64,
+            instr as u64,
+        ]);
+    }
+
+    #[inline(always)]
+    fn put<const K: usize>(&mut self, r: [u64; K]) {
         let n = self.n;
-        if n > 0 && n <= LOG_MAX && self.reads[n - 1][0] == r[0] {
-            let last = &mut self.reads[n - 1];
-            last[1] |= r[1];
-            last[2] |= r[2];
-            return;
+        if n + K <= LOG_WORDS {
+            self.words[n..n + K].copy_from_slice(&r);
+            self.n = n + K;
+        } else {
+            self.n = LOG_WORDS + 1;
         }
-        let k = n.min(LOG_MAX - 1);
-        self.reads[k] = r;
-        self.n = n + 1;
     }
 }
 
@@ -984,9 +1026,10 @@ struct StackEntry {
     floor: u64,
     id: u32,
     natives: u32,
-    reads: u32,
+    /// Words of `log` in use.
+    words: u32,
     native: [[u64; 2]; NATIVE_MAX],
-    log: [[u64; 3]; LOG_MAX],
+    log: [u64; LOG_WORDS],
 }
 
 /// A thread's memo of whole stacks with CPython's frames spliced in: the native walk, the
@@ -1003,8 +1046,8 @@ struct StackEntry {
 /// logged reads all hold the values read then (the reads replayed in order, each only once
 /// those before it matched, so each reads what the splice itself would read now), gives the
 /// same frames, and so the same stack id. In the thread's frame-memo mapping's neighbour: an
-/// anonymous mapping of its own (`Tls::py_stacks`, about 314 KiB: 64 entries of 4,960 bytes, of
-/// which a stack of a few frames touches the first 1.5 KiB; committed as used), made at
+/// anonymous mapping of its own (`Tls::py_stacks`, about 262 KiB: 64 entries of 4,192 bytes, of
+/// which a stack of a few frames touches the first 1.3 KiB; committed as used), made at
 /// its first splice and unmapped at its exit.
 pub(crate) struct StackMemo {
     /// Whether the splice under way logs its reads (for [`keep_stack`]).
@@ -1030,7 +1073,7 @@ pub(crate) struct Pending {
 
 /// Lookups per window over which a thread's stack memo is judged: a window in which fewer than
 /// an eighth were found (stacks that hardly repeat: every miss logs the splice's reads and
-/// writes up to 5 KiB) leaves the memo alone for the next [`STACK_PAUSE`] captures.
+/// writes up to 4 KiB) leaves the memo alone for the next [`STACK_PAUSE`] captures.
 const STACK_WINDOW: u32 = 256;
 /// See [`STACK_WINDOW`].
 const STACK_PAUSE: u32 = 16 * STACK_WINDOW;
@@ -1196,7 +1239,7 @@ pub(crate) fn find_stack(t: &Tls, start: [u64; 3], hi: u64) -> Found {
                 && e.generation == generation
                 && e.deaths == deaths
                 && e.floor >= base
-                && holds(e)
+                && holds(e, &py.off)
         })
         .map(|e| e.id);
     count(m, found.is_some());
@@ -1230,7 +1273,7 @@ fn count(m: &mut StackMemo, hit: bool) {
 /// Whether every native word and every logged read of `e` still holds its value (the reads
 /// replayed in their order: see [`StackMemo`]).
 #[inline(always)]
-fn holds(e: &StackEntry) -> bool {
+fn holds(e: &StackEntry, o: &Offsets) -> bool {
     let mut diff = 0;
     for w in &e.native[..e.natives as usize] {
         // SAFETY: a word of this thread's stack that the walk read, at or above `floor`,
@@ -1243,13 +1286,49 @@ fn holds(e: &StackEntry) -> bool {
     }
     // In order, stopping at the first difference: a read after it may name memory freed
     // since (a frame or code object no longer there).
-    for r in &e.log[..e.reads as usize] {
-        // SAFETY: each read is one the splice made, at an address computed from the values
-        // read before it, all found unchanged: a field of the same live thread state, frame
-        // or code object the splice would read now (its aligned word: the same object's).
-        let v = unsafe { std::ptr::read_volatile(r[0] as *const u64) };
-        if (v ^ r[2]) & r[1] != 0 {
-            return false;
+    let (owner_word, owner_mask) = frame_words(o);
+    let log = &e.log[..(e.words as usize).min(LOG_WORDS)];
+    let mut i = 0;
+    while let Some(&first) = log.get(i) {
+        if first & FRAME_RECORD != 0 {
+            let Some(r) = log.get(i..i + 5) else {
+                return false;
+            };
+            let f = (first & !FRAME_RECORD) as usize;
+            // SAFETY: a frame the splice read, at an address read before it (the thread
+            // state's current frame or the previous frame's `previous`), found unchanged: the
+            // same live frame of this thread's chain the splice would read now, whose words
+            // at these offsets are its own (as in `run_frames`).
+            let (a, b, c, d) = unsafe {
+                (
+                    rd(f, owner_word),
+                    rd(f, o.f_previous),
+                    rd(f, o.f_code),
+                    rd(f, o.f_instr),
+                )
+            };
+            if ((a as u64 & owner_mask) ^ r[1])
+                | (b as u64 ^ r[2])
+                | (c as u64 ^ r[3])
+                | (d as u64 ^ r[4])
+                != 0
+            {
+                return false;
+            }
+            i += 5;
+        } else {
+            let Some(r) = log.get(i..i + 3) else {
+                return false;
+            };
+            // SAFETY: each read is one the splice made, at an address computed from the
+            // values read before it, all found unchanged: a field of the same live thread
+            // state, frame or code object the splice would read now (its aligned word: the
+            // same object's).
+            let v = unsafe { std::ptr::read_volatile(first as *const u64) };
+            if (v ^ r[2]) & r[1] != 0 {
+                return false;
+            }
+            i += 3;
         }
     }
     true
@@ -1262,7 +1341,7 @@ pub(crate) fn keep_stack(t: &Tls, p: Pending, cache: &crate::dwarf::Cache, id: u
     // SAFETY: as in `find_stack`.
     let m = unsafe { &mut *m };
     m.logging = false;
-    if m.log.spoiled || m.log.n > LOG_MAX || id == u32::MAX {
+    if m.log.spoiled || m.log.n > LOG_WORDS || id == u32::MAX {
         return;
     }
     let set = stack_set(&p.key);
@@ -1279,9 +1358,9 @@ pub(crate) fn keep_stack(t: &Tls, p: Pending, cache: &crate::dwarf::Cache, id: u
     }
     let floor = e.native[..k].iter().map(|w| w[0]).min().unwrap_or(u64::MAX);
     let n = m.log.n;
-    e.log[..n].copy_from_slice(&m.log.reads[..n]);
+    e.log[..n].copy_from_slice(&m.log.words[..n]);
     e.natives = k as u32;
-    e.reads = n as u32;
+    e.words = n as u32;
     e.floor = floor;
     e.ts = p.ts;
     e.generation = generation;
