@@ -60,6 +60,17 @@ pub fn record_realloc(ptr: *mut u8, size: usize, fp: usize) {
 /// sampled block gets a header). Every allocation calls this or [`record_alloc`], never both.
 #[inline]
 pub fn sample_next(size: usize) -> bool {
+    // Not sampled, as `state::sample` would decide, without a call, unless the interpreter's
+    // allocators are to be wrapped first or a sample is due.
+    #[cfg(target_arch = "x86_64")]
+    if !python::poll_due() && state::skip_sample(size as u64) {
+        return false;
+    }
+    sample_next_slow(size)
+}
+
+#[inline(never)]
+fn sample_next_slow(size: usize) -> bool {
     python::poll(&PY_WRAPPERS);
     state::sample(size as u64, state::sample_interval())
 }
@@ -187,6 +198,13 @@ pub fn record_free_deferrable(ptr: *mut u8) -> bool {
     record_free_deferrable_plain(ptr)
 }
 
+/// Whether no block at `addr` can be in the address index: sampling mode and its presence
+/// filter says so (a free of such a block, with no mark either, records nothing).
+#[inline(always)]
+pub fn certainly_unindexed(addr: u64) -> bool {
+    state::sample_interval() != 0 && !state::PRESENCE.may_contain(addr)
+}
+
 /// [`record_free_deferrable`] of a block known to have no header (see [`header`]): in
 /// sampling mode the presence filter answers for it.
 #[inline]
@@ -194,7 +212,7 @@ pub fn record_free_deferrable_plain(ptr: *mut u8) -> bool {
     if ptr.is_null() {
         return false;
     }
-    if state::sample_interval() != 0 && !state::PRESENCE.may_contain(ptr as u64) {
+    if certainly_unindexed(ptr as u64) {
         return false;
     }
     record_free_deferrable_headed(ptr)

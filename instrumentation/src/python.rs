@@ -410,6 +410,12 @@ pub fn forget_if_unloaded() {
     }
 }
 
+/// Whether [`poll`] has work to do (the interpreter detected, its allocators not yet wrapped).
+#[inline(always)]
+pub(crate) fn poll_due() -> bool {
+    STATE.load(Ordering::Relaxed) == DETECTED
+}
+
 /// Wraps the interpreter's allocators once it is ready (see the module documentation); a
 /// relaxed load when there is nothing to do.
 #[inline]

@@ -68,6 +68,31 @@ pub fn sample_interval() -> u64 {
     SAMPLE_INTERVAL.load(Ordering::Relaxed)
 }
 
+/// Sampling mode's common case, decided without a call: counts `size` bytes against the
+/// thread's distance to its next sampled byte and returns true when the block is not sampled.
+/// False, with nothing counted, when [`sample`] must decide (the distance runs out, or the
+/// thread has not allocated yet).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn skip_sample(size: u64) -> bool {
+    let p = crate::tls::get() as *const crate::shared::Tls;
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: this thread's state (see `shared::with_tls`), set by its first access.
+    let t = unsafe { &*p };
+    let left = t.sample_left.get();
+    if left == i64::MIN {
+        return false;
+    }
+    let left = vmo_layout::sampling::count_down(left, size);
+    if left <= 0 {
+        return false;
+    }
+    t.sample_left.set(left);
+    true
+}
+
 /// Sampling mode: whether an allocation of `size` bytes is sampled. Bytes are sampled as a
 /// Poisson process of mean `interval` (as heapprofd and jemalloc do): the distance to the next
 /// sampled byte is drawn from an exponential distribution, so a block of `size` bytes is
