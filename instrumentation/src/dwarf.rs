@@ -420,7 +420,7 @@ struct Captures {
 /// Stacks the memo keeps at most this deep; deeper ones are walked (reusing the last capture's
 /// outer frames where they can).
 const MEMO_FRAMES: usize = 32;
-/// Sets of the memo, each of [`MEMO_WAYS`] entries: 64 walks in all, about 68 KiB of the
+/// Sets of the memo, each of [`MEMO_WAYS`] entries: 64 walks in all, about 104 KiB of the
 /// captures' mapping (committed as entries are first used).
 const MEMO_SETS: usize = 16;
 const MEMO_WAYS: usize = 4;
@@ -433,10 +433,24 @@ struct Word {
     val: u64,
 }
 
+/// The two words at `at` a walk read together: a saved `rbp` and, above it, the return
+/// address (every frame that keeps a frame pointer, and most others that save `rbp` first).
+/// Aligned so that the check compares both with one 16-byte operation.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Pair([u64; 2]);
+
+/// Most single words (return addresses without a saved `rbp` below them, saved `rbp`s
+/// elsewhere) a memo entry keeps; a walk that read more is not kept.
+const MEMO_SINGLES: usize = MEMO_FRAMES;
+// The sizes the documentation gives (1,664 bytes an entry, 104 KiB for the 64).
+const _: () = assert!(std::mem::size_of::<MemoEntry>() == 1664);
+
 /// One whole walk, as needed to know it would give the same frames again: the registers it
 /// started from, its bounds and object list, and every stack word it read (per frame the
 /// return address at CFA − 8 and the saved `rbp` where the rule said so, then the words that
-/// ended it).
+/// ended it). Words read in adjacent pairs (saved `rbp`, return address: every frame-pointer
+/// frame) are kept as [`Pair`]s and checked 16 bytes at a time; the others one by one.
 #[repr(C)]
 struct MemoEntry {
     /// The first frame's code address (0: a frame known to keep a frame pointer), `sp`, `bp`.
@@ -452,9 +466,15 @@ struct MemoEntry {
     ends: usize,
     end_at: [u64; 2],
     end_val: [Option<u64>; 2],
-    /// Frame k: its return address's slot (`val` is the frame's return address) and where its
-    /// caller's `rbp` was read from (the return address's slot again when it was not read).
-    frames: [[Word; 2]; MEMO_FRAMES],
+    /// Pairs and single words kept.
+    pairs: u32,
+    singles: u32,
+    /// Where each pair was read, then what it held.
+    pair_at: [u64; MEMO_FRAMES],
+    pair_val: [Pair; MEMO_FRAMES],
+    single: [Word; MEMO_SINGLES],
+    /// The frames (return addresses), leaf first: read only when they are copied out.
+    rets: [u64; MEMO_FRAMES],
 }
 
 /// The memo of a thread's recent walks (bench/storm.c's 16 call paths, an interpreter's few
@@ -513,7 +533,7 @@ impl Memo {
     }
 
     /// Keeps capture `c` (complete, 1 to [`MEMO_FRAMES`] frames) of a walk from `start`;
-    /// returns its entry.
+    /// returns its entry, or `None` when its words do not fit one.
     fn insert(
         &mut self,
         start: &[u64; 3],
@@ -521,8 +541,20 @@ impl Memo {
         hi: u64,
         generation: u64,
         c: &Capture,
-    ) -> usize {
+    ) -> Option<usize> {
         let n = c.n.min(MEMO_FRAMES);
+        // Words that are not in a pair: a frame whose rule read no `rbp` has its return
+        // address alone, one that read it elsewhere than just below, both.
+        let singles: usize = (0..n)
+            .map(|k| match c.bp_at[k] {
+                0 => 1,
+                at if at.wrapping_add(8) == c.sp[k].wrapping_sub(8) => 0,
+                _ => 2,
+            })
+            .sum();
+        if singles > MEMO_SINGLES {
+            return None;
+        }
         let (tag, set) = memo_tag(start);
         let way = self.next[set] as usize % MEMO_WAYS;
         self.next[set] = ((way + 1) % MEMO_WAYS) as u8;
@@ -537,20 +569,34 @@ impl Memo {
         e.ends = c.ends;
         e.end_at = c.end_at;
         e.end_val = c.end_val;
+        let (mut np, mut ns) = (0, 0);
         for k in 0..n {
             let ret = Word {
                 at: c.sp[k].wrapping_sub(8),
                 val: c.out[k],
             };
-            // A frame whose rule read no `rbp` checks its return address twice (no branch).
-            let bp = match c.bp_at[k] {
-                0 => ret,
-                at => Word { at, val: c.bp[k] },
-            };
-            e.frames[k] = [ret, bp];
+            e.rets[k] = ret.val;
+            match c.bp_at[k] {
+                0 => {
+                    e.single[ns] = ret;
+                    ns += 1;
+                }
+                at if at.wrapping_add(8) == ret.at => {
+                    e.pair_at[np] = at;
+                    e.pair_val[np] = Pair([c.bp[k], ret.val]);
+                    np += 1;
+                }
+                at => {
+                    e.single[ns] = ret;
+                    e.single[ns + 1] = Word { at, val: c.bp[k] };
+                    ns += 2;
+                }
+            }
         }
+        e.pairs = np as u32;
+        e.singles = ns as u32;
         self.tags[set][way] = tag;
-        i
+        Some(i)
     }
 }
 
@@ -560,19 +606,56 @@ impl MemoEntry {
     /// is, the bounds being the same).
     #[inline(always)]
     fn holds(&self, lo: u64, hi: u64) -> bool {
-        // Every frame's words were read by the walk that made the entry (or checked by the
-        // reuse that stood in for it) within its bounds, which `find` has found equal to this
-        // walk's: they are read again without a bounds check, and compared all at once.
-        let mut diff = 0;
-        for f in &self.frames[..(self.n as usize).min(MEMO_FRAMES)] {
-            for w in f {
-                debug_assert!(stack_word(w.at, lo, hi).is_some());
-                // SAFETY: `w.at` lies in `[lo, hi)` and is 8-aligned (see above), this
-                // thread's mapped stack above its stack pointer.
-                diff |= unsafe { *(w.at as *const u64) } ^ w.val;
+        // Every word was read by the walk that made the entry (or checked by the reuse that
+        // stood in for it) within its bounds, which `find` has found equal to this walk's:
+        // they are read again without a bounds check, and compared all at once.
+        let (np, ns) = (
+            (self.pairs as usize).min(MEMO_FRAMES),
+            (self.singles as usize).min(MEMO_SINGLES),
+        );
+        let pairs_differ = {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use core::arch::x86_64::*;
+                // SAFETY: SSE2 is part of the x86-64 baseline; the vector operations read
+                // nothing but their operands.
+                unsafe {
+                    let mut diff = _mm_setzero_si128();
+                    for i in 0..np {
+                        let at = self.pair_at[i];
+                        debug_assert!(stack_word(at, lo, hi).is_some());
+                        debug_assert!(stack_word(at + 8, lo, hi).is_some());
+                        // SAFETY: both words at `at` lie in `[lo, hi)` (see above), this
+                        // thread's mapped stack above its stack pointer; `pair_val` is aligned.
+                        let now = _mm_loadu_si128(at as *const __m128i);
+                        let then =
+                            _mm_load_si128(&self.pair_val[i] as *const Pair as *const __m128i);
+                        diff = _mm_or_si128(diff, _mm_xor_si128(now, then));
+                    }
+                    _mm_movemask_epi8(_mm_cmpeq_epi8(diff, _mm_setzero_si128())) != 0xffff
+                }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let mut diff = 0;
+                for (at, val) in self.pair_at[..np].iter().zip(&self.pair_val[..np]) {
+                    // SAFETY: as above.
+                    diff |= unsafe {
+                        (*(*at as *const u64) ^ val.0[0]) | (*((*at + 8) as *const u64) ^ val.0[1])
+                    };
+                }
+                diff != 0
+            }
+        };
+        let mut diff = 0;
+        for w in &self.single[..ns] {
+            debug_assert!(stack_word(w.at, lo, hi).is_some());
+            // SAFETY: `w.at` lies in `[lo, hi)` and is 8-aligned (see above), this thread's
+            // mapped stack above its stack pointer.
+            diff |= unsafe { *(w.at as *const u64) } ^ w.val;
         }
-        diff == 0
+        !pairs_differ
+            && diff == 0
             && (0..self.ends.min(2)).all(|k| stack_word(self.end_at[k], lo, hi) == self.end_val[k])
     }
 }
@@ -595,7 +678,7 @@ fn stack_word(a: u64, lo: u64, hi: u64) -> Option<u64> {
 /// Counts a walk that used the memo in its window; when fewer than [`MEMO_KEEP`] of the
 /// window's walks were found there, the memo is left alone for the next [`PAUSE`] walks,
 /// twice as many after each such window in a row (up to 16 × [`PAUSE`]): a window in which
-/// the memo is tried and does not pay rewrites most of its 72 KiB of entries, which evicts the
+/// the memo is tried and does not pay rewrites most of its 104 KiB of entries, which evicts the
 /// program's own data (CPython: 1.6 M more L1 misses with a pause of [`PAUSE`] walks every
 /// time, 0.13 M with the doubling).
 fn memo_account(caps: &mut Captures, hit: bool) {
@@ -617,7 +700,7 @@ fn memo_account(caps: &mut Captures, hit: bool) {
 const MEMO_BACKOFF: u32 = 4;
 
 /// Memo hits a window of [`WINDOW`] walks needs for the memo to stay in use (three quarters):
-/// a miss costs a lookup and keeping the new walk (up to 1 KiB written), which many varied
+/// a miss costs a lookup and keeping the new walk (up to 1.6 KiB written), which many varied
 /// stacks do not repay (CPython 3.11, 57% hits: 9% more CPU with the memo than without).
 const MEMO_KEEP: u32 = WINDOW * 3 / 4;
 
@@ -1086,9 +1169,7 @@ fn unwind(
                     let e = &c.memo.entries[i];
                     let n = e.n as usize;
                     if !(cache.id_only && e.stack != u32::MAX) {
-                        for (o, f) in out.iter_mut().zip(&e.frames[..n]) {
-                            *o = f[0].val;
-                        }
+                        out[..n].copy_from_slice(&e.rets[..n]);
                     }
                     c.memo.last = i;
                     #[cfg(test)]
@@ -1322,7 +1403,10 @@ fn unwind(
                 // The capture just made (or updated in place) is complete: keep it in the memo.
                 let made = &caps.pair[caps.last & 1];
                 if made.n > 0 && made.n <= MEMO_FRAMES {
-                    caps.memo.last = caps.memo.insert(&start, lo, hi, objects.generation, made);
+                    caps.memo.last = caps
+                        .memo
+                        .insert(&start, lo, hi, objects.generation, made)
+                        .unwrap_or(usize::MAX);
                 }
                 memo_account(caps, false);
             }
