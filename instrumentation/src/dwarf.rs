@@ -420,7 +420,7 @@ struct Captures {
 /// Stacks the memo keeps at most this deep; deeper ones are walked (reusing the last capture's
 /// outer frames where they can).
 const MEMO_FRAMES: usize = 32;
-/// Sets of the memo, each of [`MEMO_WAYS`] entries: 64 walks in all, about 104 KiB of the
+/// Sets of the memo, each of [`MEMO_WAYS`] entries: 64 walks in all, about 102 KiB of the
 /// captures' mapping (committed as entries are first used).
 const MEMO_SETS: usize = 16;
 const MEMO_WAYS: usize = 4;
@@ -441,10 +441,11 @@ struct Word {
 struct Pair([u64; 2]);
 
 /// Most single words (return addresses without a saved `rbp` below them, saved `rbp`s
-/// elsewhere) a memo entry keeps; a walk that read more is not kept.
-const MEMO_SINGLES: usize = MEMO_FRAMES;
-// The sizes the documentation gives (1,664 bytes an entry, 104 KiB for the 64).
-const _: () = assert!(std::mem::size_of::<MemoEntry>() == 1664);
+/// elsewhere, the words that ended the walk) a memo entry keeps; a walk that read more is not
+/// kept.
+const MEMO_SINGLES: usize = MEMO_FRAMES + 2;
+// The sizes the documentation gives (1,632 bytes an entry, 102 KiB for the 64).
+const _: () = assert!(std::mem::size_of::<MemoEntry>() == 1632);
 
 /// One whole walk, as needed to know it would give the same frames again: the registers it
 /// started from, its bounds and object list, and every stack word it read (per frame the
@@ -463,10 +464,8 @@ struct MemoEntry {
     /// The stack id these frames were interned as (see [`Cache::memo_stack`]); `u32::MAX`:
     /// not known.
     stack: u32,
-    ends: usize,
-    end_at: [u64; 2],
-    end_val: [Option<u64>; 2],
-    /// Pairs and single words kept.
+    /// Pairs and single words kept. The words that ended the walk are singles; one it found
+    /// out of bounds is not kept (the bounds being the same, it still is).
     pairs: u32,
     singles: u32,
     /// Where each pair was read, then what it held.
@@ -545,13 +544,15 @@ impl Memo {
         let n = c.n.min(MEMO_FRAMES);
         // Words that are not in a pair: a frame whose rule read no `rbp` has its return
         // address alone, one that read it elsewhere than just below, both.
+        let ends = &c.end_val[..c.ends.min(2)];
         let singles: usize = (0..n)
             .map(|k| match c.bp_at[k] {
                 0 => 1,
                 at if at.wrapping_add(8) == c.sp[k].wrapping_sub(8) => 0,
                 _ => 2,
             })
-            .sum();
+            .sum::<usize>()
+            + ends.iter().filter(|v| v.is_some()).count();
         if singles > MEMO_SINGLES {
             return None;
         }
@@ -566,10 +567,13 @@ impl Memo {
         e.generation = generation;
         e.n = n as u32;
         e.stack = u32::MAX;
-        e.ends = c.ends;
-        e.end_at = c.end_at;
-        e.end_val = c.end_val;
         let (mut np, mut ns) = (0, 0);
+        for (at, val) in c.end_at.iter().zip(ends) {
+            if let Some(val) = *val {
+                e.single[ns] = Word { at: *at, val };
+                ns += 1;
+            }
+        }
         for k in 0..n {
             let ret = Word {
                 at: c.sp[k].wrapping_sub(8),
@@ -654,9 +658,7 @@ impl MemoEntry {
             // mapped stack above its stack pointer.
             diff |= unsafe { *(w.at as *const u64) } ^ w.val;
         }
-        !pairs_differ
-            && diff == 0
-            && (0..self.ends.min(2)).all(|k| stack_word(self.end_at[k], lo, hi) == self.end_val[k])
+        !pairs_differ && diff == 0
     }
 }
 
@@ -678,9 +680,10 @@ fn stack_word(a: u64, lo: u64, hi: u64) -> Option<u64> {
 /// Counts a walk that used the memo in its window; when fewer than [`MEMO_KEEP`] of the
 /// window's walks were found there, the memo is left alone for the next [`PAUSE`] walks,
 /// twice as many after each such window in a row (up to 16 × [`PAUSE`]): a window in which
-/// the memo is tried and does not pay rewrites most of its 104 KiB of entries, which evicts the
+/// the memo is tried and does not pay rewrites most of its 102 KiB of entries, which evicts the
 /// program's own data (CPython: 1.6 M more L1 misses with a pause of [`PAUSE`] walks every
 /// time, 0.13 M with the doubling).
+#[inline(always)]
 fn memo_account(caps: &mut Captures, hit: bool) {
     let (walks, hits) = caps.memo_window;
     let (walks, hits) = (walks + 1, hits + hit as u32);
@@ -1071,6 +1074,10 @@ fn rule_of(row: &UnwindTableRow<usize, Fixed>) -> Rule {
 /// Walks the stack by CFI from the frame whose frame pointer is `fp` (the exported allocation
 /// function's, compiled with frame pointers); writes return addresses (leaf first) into `out`.
 /// Reads stack memory only within `[current sp, stack_hi)`. Returns the number of frames.
+///
+/// A walk found in the thread's memo is answered here, in a small frame; any other goes on
+/// to the full unwinder out of line (bench/phases.c, 4 threads × 100,000 blocks, every walk a
+/// memo hit: the hit's fixed cost was most of its ~230 instructions).
 #[inline(never)]
 pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_FRAMES]) -> usize {
     cache.forget_memo();
@@ -1079,9 +1086,88 @@ pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_F
     if stack_hi == 0 || (fp as u64) < lo {
         return 0;
     }
+    let (lo, fp, hi) = (lo, fp as u64, stack_hi as u64);
     // The exported function keeps a frame pointer: its frame is unwound by the frame-pointer
     // rule without looking it up. `sp` is only a lower bound for the first CFA here.
-    unwind(None, lo, fp as u64, lo, stack_hi as u64, cache, out)
+    let looked = match memo_lookup(&[0, lo, fp], lo, hi, cache, out) {
+        Lookup::Hit(n) => return n,
+        Lookup::Missed => true,
+        Lookup::NotLooked => false,
+    };
+    unwind_cold(None, lo, fp, lo, hi, cache, out, looked)
+}
+
+/// What [`memo_lookup`] found.
+enum Lookup {
+    /// The walk, found in the memo: this many frames (written to `out` unless only the id is
+    /// wanted, see [`Cache::set_id_only`]).
+    Hit(usize),
+    /// Not in the memo (the walk that follows keeps it there and counts the miss).
+    Missed,
+    /// The memo was not looked at: paused, off, or the object list not yet published as in
+    /// use by this cache (the full walk publishes it and looks).
+    NotLooked,
+}
+
+/// Looks for a walk from `start` (within `[lo, hi)`) in the thread's memo, as [`unwind`]
+/// does, with nothing else of a walk's set-up: no rule looked up, the object list only read
+/// (it must be the one this cache already uses).
+#[inline(always)]
+fn memo_lookup(
+    start: &[u64; 3],
+    lo: u64,
+    hi: u64,
+    cache: &mut Cache,
+    out: &mut [u64; MAX_FRAMES],
+) -> Lookup {
+    let caps = cache.captures;
+    if caps.is_null() || !REUSE.load(Ordering::Relaxed) {
+        return Lookup::NotLooked;
+    }
+    // SAFETY: the thread's own captures, used by this walk only.
+    let c = unsafe { &mut *caps };
+    let ptr = OBJECTS.load(Ordering::Acquire);
+    if c.memo_pause > 0 || ptr.is_null() || ptr != cache.in_use.load(Ordering::Relaxed) {
+        return Lookup::NotLooked;
+    }
+    // SAFETY: published as in use by this cache (by an earlier walk), so not freed (see
+    // `rebuild`); whether it is still the current list was checked just above, as `unwind`
+    // checks it when nothing needs publishing.
+    let generation = unsafe { (*ptr).generation };
+    match c.memo.find(start, lo, hi, generation) {
+        Some(i) => {
+            let e = &c.memo.entries[i];
+            let n = e.n as usize;
+            if !(cache.id_only && e.stack != u32::MAX) {
+                out[..n].copy_from_slice(&e.rets[..n]);
+            }
+            c.memo.last = i;
+            #[cfg(test)]
+            {
+                c.hits += 1;
+            }
+            memo_account(c, true);
+            Lookup::Hit(n)
+        }
+        None => Lookup::Missed,
+    }
+}
+
+/// [`unwind`] out of line, for [`walk`]: its frame (the walk's arrays, every register saved)
+/// is paid only by walks the memo does not answer.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn unwind_cold(
+    key: Option<u64>,
+    sp: u64,
+    bp: u64,
+    lo: u64,
+    hi: u64,
+    cache: &mut Cache,
+    out: &mut [u64; MAX_FRAMES],
+    looked: bool,
+) -> usize {
+    unwind(key, sp, bp, lo, hi, cache, out, looked)
 }
 
 /// Walks the stack by CFI from the registers of the calling function (`pc`, `sp`, `bp`, read
@@ -1102,7 +1188,7 @@ pub fn walk_from(
     if stack_hi == 0 || sp < lo || sp >= stack_hi as u64 {
         return 0;
     }
-    unwind(Some(pc), sp, bp, lo, stack_hi as u64, cache, out)
+    unwind(Some(pc), sp, bp, lo, stack_hi as u64, cache, out, false)
 }
 
 /// Unwinds from the frame executing at code address `key` (`None`: a frame known to keep a
@@ -1116,7 +1202,11 @@ pub fn walk_from(
 /// At the first frame whose code does not, the walk goes back to evaluating rules one frame at
 /// a time from the registers that frame had. The result is exactly what evaluating every rule
 /// in turn gives, at nearly the cost of a frame-pointer walk.
+///
+/// `looked`: the memo was already looked in for this walk and did not have it
+/// ([`memo_lookup`]).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn unwind(
     key: Option<u64>,
     mut sp: u64,
@@ -1125,6 +1215,7 @@ fn unwind(
     hi: u64,
     cache: &mut Cache,
     out: &mut [u64; MAX_FRAMES],
+    looked: bool,
 ) -> usize {
     let mut ptr = OBJECTS.load(Ordering::Acquire);
     if ptr.is_null() {
@@ -1161,7 +1252,9 @@ fn unwind(
         // SAFETY: the thread's own captures, used by this walk only.
         let c = unsafe { &mut *caps };
         if REUSE.load(Ordering::Relaxed) {
-            if c.memo_pause > 0 {
+            if looked {
+                memo_on = true;
+            } else if c.memo_pause > 0 {
                 c.memo_pause -= 1;
             } else {
                 memo_on = true;
