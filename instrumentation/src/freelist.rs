@@ -79,6 +79,13 @@ impl FreeNodes {
     }
 
     /// Moves up to `out.len()` of the oldest ids into `out`; returns how many.
+    /// Whether the queue looks empty (its mirrored length, read without the lock: see
+    /// [`Self::pop`]).
+    #[inline(always)]
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.len.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+
     pub(crate) fn pop(&self, out: &mut [u32]) -> usize {
         // A stale zero only means fresh nodes are taken this time; a stale non-zero, one
         // needless trip through the lock.
