@@ -1090,8 +1090,9 @@ WHERE_COMPONENTS = [
     ("interning (hash, cache, stack table)", r"libheapdump\.so .*(intern|stacks::|hash_frames|stack_equals|append_stack)"),
     ("record + node (insert/erase, writer, nodes)", r"libheapdump\.so .*(hooks::insert|hooks::erase|writer::|nodes::|take_node|recycle_node|retire)"),
     ("TLS access", r"(__tls_get_addr|LocalKey|tls_|_dl_tlsdesc)"),
-    ("exported malloc/free (guard, prefetches)",
-     r"libheapdump\.so (malloc|free|realloc|calloc|cfree|posix_memalign|aligned_alloc|memalign)$"),
+    ("exported malloc/free (marks, guard, prefetches)",
+     r"libheapdump\.so (malloc|free|realloc|calloc|cfree|posix_memalign|aligned_alloc|memalign|"
+     r"heapdump::\w+)$"),
     ("rest of the shim", r"libheapdump\.so "),
 ]
 WHERE_PERIOD_NS = 100000  # perf record -e cpu-clock -c 100000: one sample per 100 µs of CPU (a shorter period slows the run itself down: 50 kHz cost 2.5× here)
@@ -1163,7 +1164,10 @@ def section_where(args, exes, peers):
              "functions perf names (code inlined into a function counts as that function's); "
              "ns per pair = samples × period / pairs. For glibc, the kernel and the program the "
              "cell is the run under heapdump minus the bare run: what the shim's memory "
-             "traffic costs them (cache misses on glibc's chunk headers, page faults).", ""]
+             "traffic costs them (cache misses on glibc's chunk headers, page faults). The "
+             "exported functions' row holds the load of the word before the block in `free` "
+             "(a header or glibc's chunk size): the cache miss that glibc's own `free` takes "
+             "in the bare run, so glibc's row is net of it.", ""]
     order = [n for n, _ in WHERE_COMPONENTS] + ["glibc", "kernel", "program", "other"]
     table = {}
     for live in (100, 10000):
