@@ -1135,22 +1135,28 @@ fn memo_lookup(
     // checks it when nothing needs publishing.
     let generation = unsafe { (*ptr).generation };
     match c.memo.find(start, lo, hi, generation) {
-        Some(i) => {
-            let e = &c.memo.entries[i];
-            let n = e.n as usize;
-            if !(cache.id_only && e.stack != u32::MAX) {
-                out[..n].copy_from_slice(&e.rets[..n]);
-            }
-            c.memo.last = i;
-            #[cfg(test)]
-            {
-                c.hits += 1;
-            }
-            memo_account(c, true);
-            Lookup::Hit(n)
-        }
+        Some(i) => Lookup::Hit(take_hit(c, i, cache.id_only, out)),
         None => Lookup::Missed,
     }
+}
+
+/// Takes memo entry `i`, just found for this walk: its frames into `out` (unless only the id
+/// is wanted and the entry has one, see [`Cache::set_id_only`]), counted as a hit. Returns
+/// the number of frames.
+#[inline(always)]
+fn take_hit(c: &mut Captures, i: usize, id_only: bool, out: &mut [u64; MAX_FRAMES]) -> usize {
+    let e = &c.memo.entries[i];
+    let n = e.n as usize;
+    if !(id_only && e.stack != u32::MAX) {
+        out[..n].copy_from_slice(&e.rets[..n]);
+    }
+    c.memo.last = i;
+    #[cfg(test)]
+    {
+        c.hits += 1;
+    }
+    memo_account(c, true);
+    n
 }
 
 /// [`unwind`] out of line, for [`walk`]: its frame (the walk's arrays, every register saved)
@@ -1259,18 +1265,7 @@ fn unwind(
             } else {
                 memo_on = true;
                 if let Some(i) = c.memo.find(&start, lo, hi, objects.generation) {
-                    let e = &c.memo.entries[i];
-                    let n = e.n as usize;
-                    if !(cache.id_only && e.stack != u32::MAX) {
-                        out[..n].copy_from_slice(&e.rets[..n]);
-                    }
-                    c.memo.last = i;
-                    #[cfg(test)]
-                    {
-                        c.hits += 1;
-                    }
-                    memo_account(c, true);
-                    return n;
+                    return take_hit(c, i, cache.id_only, out);
                 }
             }
             if c.pause > 0 {
