@@ -1094,7 +1094,7 @@ pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_F
         Lookup::Missed => true,
         Lookup::NotLooked => false,
     };
-    unwind_cold(None, lo, fp, lo, hi, cache, out, looked)
+    unwind(None, lo, fp, lo, hi, cache, out, looked)
 }
 
 /// What [`memo_lookup`] found.
@@ -1159,23 +1159,6 @@ fn take_hit(c: &mut Captures, i: usize, id_only: bool, out: &mut [u64; MAX_FRAME
     n
 }
 
-/// [`unwind`] out of line, for [`walk`]: its frame (the walk's arrays, every register saved)
-/// is paid only by walks the memo does not answer.
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn unwind_cold(
-    key: Option<u64>,
-    sp: u64,
-    bp: u64,
-    lo: u64,
-    hi: u64,
-    cache: &mut Cache,
-    out: &mut [u64; MAX_FRAMES],
-    looked: bool,
-) -> usize {
-    unwind(key, sp, bp, lo, hi, cache, out, looked)
-}
-
 /// Walks the stack by CFI from the registers of the calling function (`pc`, `sp`, `bp`, read
 /// where it runs), needing no frame pointer anywhere; the calling function's own frame is left
 /// out, so the first frame is the return address into its caller.
@@ -1211,7 +1194,10 @@ pub fn walk_from(
 ///
 /// `looked`: the memo was already looked in for this walk and did not have it
 /// ([`memo_lookup`]).
-#[inline(always)]
+///
+/// Out of line: its frame (the walk's arrays, every register saved) is paid only by walks the
+/// memo does not answer in [`walk`].
+#[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn unwind(
     key: Option<u64>,
