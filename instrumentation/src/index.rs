@@ -354,6 +354,11 @@ pub struct Presence {
     live: AtomicU64,
 }
 
+/// Offset (bytes) of [`Presence`]'s count of indexed addresses, for the preloaded `free`'s
+/// assembly entry (a zero count: no address is indexed).
+#[doc(hidden)]
+pub const PRESENCE_LIVE_OFFSET: usize = std::mem::offset_of!(Presence, live);
+
 impl std::fmt::Debug for Presence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Presence").finish_non_exhaustive()

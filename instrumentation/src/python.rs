@@ -237,9 +237,9 @@ pub fn detect() {
             // looks before STATE is DETECTED (detection runs in the constructor or after a
             // dlopen, never concurrently with itself: the loader serializes both).
             unsafe { *PY.0.get() = Some(p) };
-            STATE.store(DETECTED, Ordering::Release);
+            set_state(DETECTED);
         }
-        None => STATE.store(ABSENT, Ordering::Release),
+        None => set_state(ABSENT),
     }
 }
 
@@ -406,8 +406,18 @@ pub fn forget_if_unloaded() {
         libc::dladdr(py.is_initialized as *const c_void, &mut info) != 0
     };
     if !mapped {
-        STATE.store(ABSENT, Ordering::Release);
+        set_state(ABSENT);
     }
+}
+
+/// Moves to state `s`, keeping the preloaded `malloc`'s sampling fast path (which does not
+/// poll) off while a poll is due.
+fn set_state(s: u8) {
+    if s == DETECTED {
+        crate::state::MALLOC_FAST.store(0, Ordering::Relaxed);
+    }
+    STATE.store(s, Ordering::Release);
+    crate::state::update_malloc_fast();
 }
 
 /// Whether [`poll`] has work to do (the interpreter detected, its allocators not yet wrapped).
@@ -518,7 +528,7 @@ fn try_install(wrappers: &Wrappers) {
         // API requires of an allocator installed after initialization.
         unsafe { (py.set_allocator)(domain, &mut w) };
     }
-    STATE.store(ACTIVE, Ordering::Release);
+    set_state(ACTIVE);
 }
 
 /// # Safety

@@ -31,7 +31,8 @@ pub(crate) static FORK_LEASE: AtomicU64 = AtomicU64::new(0);
 /// The address index (private to this process).
 pub(crate) static INDEX: AddressIndex = AddressIndex::new();
 /// In sampling mode, which addresses may be in [`INDEX`] (see [`crate::index::Presence`]).
-pub(crate) static PRESENCE: crate::index::Presence = crate::index::Presence::new();
+#[doc(hidden)]
+pub static PRESENCE: crate::index::Presence = crate::index::Presence::new();
 /// Serializes users of the shared thread slot 0 (threads with no slot of their own).
 pub(crate) static ORPHAN: SpinLock = SpinLock::new(());
 /// Thread slot shared by threads that have no slot of their own (exited, or table full).

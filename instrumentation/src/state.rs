@@ -7,6 +7,8 @@ use crate::deferred::{Deferred, Op, DEFERRED_FRAMES, FREE_HELD, FREE_OP, REAL_FR
 pub use crate::fork::register_fork_handlers;
 use crate::fork::set_process_token;
 pub use crate::freelist::FreeNodes;
+#[doc(hidden)]
+pub use crate::index::PRESENCE_LIVE_OFFSET;
 use crate::nodes::flush_nodes;
 pub use crate::nodes::{recycle_node, take_node};
 use crate::region;
@@ -66,6 +68,37 @@ pub fn take_named_snapshot(name: &[u8]) -> bool {
 #[inline]
 pub fn sample_interval() -> u64 {
     SAMPLE_INTERVAL.load(Ordering::Relaxed)
+}
+
+/// 1 when the preloaded `malloc` may decide an unsampled allocation from the thread's
+/// countdown alone, without a Rust frame (sampling mode with headers on sampled blocks, no
+/// CPython poll due): its entry is written in assembly (the preload crate's `malloc`) and
+/// reads this byte first. Kept by [`update_malloc_fast`].
+#[doc(hidden)]
+pub static MALLOC_FAST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Offset (bytes) of the thread's sampling countdown ([`skip_sample`]'s) in [`crate::shared::Tls`],
+/// for the preloaded `malloc`'s assembly entry.
+#[doc(hidden)]
+pub const SAMPLE_LEFT_OFFSET: usize = std::mem::offset_of!(crate::shared::Tls, sample_left);
+
+/// 1 when the preloaded `free` may give a block without a header straight to glibc, no
+/// address being indexed (sampling mode with headers on sampled blocks, no trailers): its
+/// entry is written in assembly (the preload crate's `free`) and reads this byte first, then
+/// the block's chunk-header word and [`PRESENCE`]'s count. Kept by
+/// [`update_malloc_fast`].
+#[doc(hidden)]
+pub static FREE_FAST: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets [`MALLOC_FAST`] and [`FREE_FAST`] from the switches they stand for (after any of them
+/// changes).
+pub fn update_malloc_fast() {
+    let sampled = crate::header::on() && crate::header::sampled_only() && sample_interval() != 0;
+    MALLOC_FAST.store(
+        (sampled && !crate::python::poll_due()) as u8,
+        Ordering::Relaxed,
+    );
+    FREE_FAST.store((sampled && !crate::trailer::on()) as u8, Ordering::Relaxed);
 }
 
 /// Sampling mode's common case, decided without a call: counts `size` bytes against the
@@ -226,6 +259,7 @@ pub fn enable_block_headers() {
             } else {
                 // Sampled blocks get headers only (see the preload crate's `mark_of`).
                 crate::header::enable_sampled_only();
+                update_malloc_fast();
             }
         }
     }

@@ -37,13 +37,94 @@ extern "C" {
     fn __libc_pvalloc(size: size_t) -> *mut c_void;
 }
 
-/// `malloc(3)`.
+/// `malloc(3)`: sampling mode's unsampled case from a few instructions, the rest in
+/// [`malloc_slow`].
+///
+/// Written in assembly because the Rust function's prologue saved five registers on every
+/// call for the sake of its slow path (the thread-state read clobbers the C ABI's scratch
+/// registers), and a split into two Rust functions cost the recording path a call layer (+4.7 M
+/// instructions on bench/storm.c, 200,000 operations). This entry reads
+/// `state::MALLOC_FAST`; when set, it counts `size` down from the thread's distance to its next
+/// sampled byte exactly as `state::skip_sample` does and, when the block is not sampled, stores
+/// the distance and jumps to `__libc_malloc`. Anything else (recording every block, the thread
+/// without state yet, a sample due) jumps to [`malloc_slow`] with the stack as the caller left
+/// it, so its frame pointer and return address are what they were for the Rust `malloc`.
+/// Nothing is pushed but `rdi` around the thread-state descriptor call (keeping the stack
+/// 16-byte aligned for it); the CFI says so.
 ///
 /// # Safety
 /// As `malloc(3)`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    // rustc gives a naked function no CFI of its own: the directives are written here.
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "cmp byte ptr [rip + {fast}], 0",
+        "je 2f",
+        "push rdi",
+        ".cfi_adjust_cfa_offset 8",
+        "lea rax, [rip + heapdump_self@TLSDESC]",
+        "call qword ptr [rax + heapdump_self@TLSCALL]",
+        "pop rdi",
+        ".cfi_adjust_cfa_offset -8",
+        "mov rax, qword ptr fs:[rax]",
+        "test rax, rax",
+        "jz 2f",
+        "mov rcx, qword ptr [rax + {left}]",
+        // i64::MIN: the thread has no distance yet.
+        "mov rdx, rcx",
+        "neg rdx",
+        "jo 2f",
+        // `vmo_layout::sampling::count_down`: left - min(size, i64::MAX / 2).
+        "movabs rdx, 0x3fffffffffffffff",
+        "cmp rdi, rdx",
+        "cmovb rdx, rdi",
+        "sub rcx, rdx",
+        "test rcx, rcx",
+        "jle 2f",
+        "mov qword ptr [rax + {left}], rcx",
+        "jmp qword ptr [rip + {libc_malloc}@GOTPCREL]",
+        "2:",
+        "jmp {slow}",
+        ".cfi_endproc",
+        fast = sym heapdump_instrumentation::state::MALLOC_FAST,
+        left = const heapdump_instrumentation::state::SAMPLE_LEFT_OFFSET,
+        libc_malloc = sym __libc_malloc,
+        slow = sym malloc_slow,
+    )
+}
+
+/// `malloc(3)` (elsewhere than x86-64, and in unit tests).
+///
+/// # Safety
+/// As `malloc(3)`.
+#[cfg(not(all(target_arch = "x86_64", not(test))))]
 #[cfg_attr(not(test), no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    // SAFETY: as `malloc(3)`.
+    unsafe { malloc_impl(size) }
+}
+
+/// The rest of [`malloc`], jumped to with the caller's stack (its frame pointer is `malloc`'s).
+///
+/// # Safety
+/// As `malloc(3)`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+#[inline(never)]
+unsafe extern "C" fn malloc_slow(size: size_t) -> *mut c_void {
+    // SAFETY: as `malloc(3)`.
+    unsafe { malloc_impl(size) }
+}
+
+/// `malloc`'s work, inlined into the function whose frame pointer it reads.
+///
+/// # Safety
+/// As `malloc(3)`.
+#[inline(always)]
+unsafe fn malloc_impl(size: size_t) -> *mut c_void {
     let fp = frame_pointer!();
     if header::on() {
         if header::sampled_only() && !sample_next(size) {
@@ -220,13 +301,67 @@ unsafe extern "C" fn free_block(p: *mut c_void) {
     unsafe { release(p, mark_of(p)) }
 }
 
-/// `free(3)`.
+/// `free(3)`: sampling mode's unsampled case from a few instructions, the rest in
+/// [`free_slow`].
+///
+/// Written in assembly for the reason [`malloc`] is. When `state::FREE_FAST` is set
+/// (sampling mode, headers on sampled blocks only), a block whose chunk-header word at
+/// `ptr - 8` has bit 3 clear (no header: see `header::marked`), or a pointer that cannot have
+/// a header (null, misaligned, below 4096), goes straight to `__libc_free` while no address is
+/// indexed (`PRESENCE`'s count is 0), as [`free_slow`]'s `unsampled` would decide. Anything
+/// else jumps to [`free_slow`] with the stack as the caller left it.
 ///
 /// # Safety
 /// As `free(3)`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    // rustc gives a naked function no CFI of its own: the directives are written here.
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "cmp byte ptr [rip + {fast}], 0",
+        "je 2f",
+        // Null, misaligned or in the first page: no header is read (`header::read`).
+        "test dil, 15",
+        "jnz 3f",
+        "cmp rdi, 4096",
+        "jb 3f",
+        "test byte ptr [rdi - 8], 8",
+        "jnz 2f",
+        "3:",
+        "cmp qword ptr [rip + {presence} + {live}], 0",
+        "jne 2f",
+        "jmp qword ptr [rip + {libc_free}@GOTPCREL]",
+        "2:",
+        "jmp {slow}",
+        ".cfi_endproc",
+        fast = sym heapdump_instrumentation::state::FREE_FAST,
+        presence = sym heapdump_instrumentation::state::PRESENCE,
+        live = const heapdump_instrumentation::state::PRESENCE_LIVE_OFFSET,
+        libc_free = sym __libc_free,
+        slow = sym free_slow,
+    )
+}
+
+/// `free(3)` (elsewhere than x86-64, and in unit tests).
+///
+/// # Safety
+/// As `free(3)`.
+#[cfg(not(all(target_arch = "x86_64", not(test))))]
 #[cfg_attr(not(test), no_mangle)]
 #[inline(never)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    // SAFETY: as `free(3)`.
+    unsafe { free_slow(ptr) }
+}
+
+/// The rest of [`free`], jumped to with the caller's stack.
+///
+/// # Safety
+/// As `free(3)`.
+#[inline(never)]
+unsafe extern "C" fn free_slow(ptr: *mut c_void) {
     // Sampling mode's common case: a block without a mark and not in the address index was
     // never sampled, and glibc gets it at once. Everything else is `free_recorded`, out of
     // line, so that this path saves no registers (bench/storm.c sampled at 512 KiB,
