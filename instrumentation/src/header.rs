@@ -44,6 +44,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub const SIZE: usize = 16;
 /// `node` of a block that has a header but no record.
 pub const NONE: u32 = u32::MAX;
+/// The `at` a preloaded wrapper passes with a block it just gave a header naming [`NONE`]
+/// (`hooks::record_alloc_trailed`'s argument, otherwise a trailer's address or 0): the
+/// record's insert writes the header without reading it back first (1 is never a trailer's
+/// address).
+pub const JUST_HEADED: u64 = 1;
 
 static MARKS: Marks = Marks::new();
 

@@ -33,7 +33,8 @@ pub fn record_alloc_from(ptr: *mut u8, size: usize, start: Start) {
 
 /// [`record_alloc`] of a block with room for a trailer at `at` (see [`trailer`]): the record
 /// number goes there instead of into the address index (the trailer is written only when the
-/// block is recorded).
+/// block is recorded). `at` may also be [`header::JUST_HEADED`] (a block the wrapper just gave
+/// a header: the record number goes there) or 0 (the header or index is looked up).
 #[inline]
 pub fn record_alloc_trailed(ptr: *mut u8, size: usize, fp: usize, at: u64) {
     record_alloc_as(ptr, size, Start::FramePointer(fp), false, at);
@@ -99,7 +100,7 @@ fn record_alloc_as(ptr: *mut u8, size: usize, start: Start, forwarded: bool, at:
     record_chosen(ptr, size, start, forwarded, at);
 }
 
-/// Records block `ptr`, already sampled when sampling (`at`: its trailer, or 0).
+/// Records block `ptr`, already sampled when sampling (`at`: its trailer, [`header::JUST_HEADED`], or 0).
 #[inline(always)]
 fn record_chosen(ptr: *mut u8, size: usize, start: Start, forwarded: bool, at: u64) {
     let record = |g: &'static Global, t: &Tls| {
@@ -280,6 +281,21 @@ pub fn record_free_deferrable_headed(ptr: *mut u8) -> bool {
     }
 }
 
+/// [`record_free_deferrable_headed`] of a block whose header was just read: it names record
+/// `n` ([`header::NONE`]: none) and holds the block's size `size32` (see [`header::read`]).
+///
+/// # Safety
+/// `ptr` is a block handed to `free` whose header [`header::read`] just returned as
+/// `(n, size32)`.
+#[inline]
+pub unsafe fn record_free_deferrable_header(ptr: *mut u8, n: u32, size32: u32) -> bool {
+    // SAFETY: per the contract.
+    match enter_forwarded(|g, t| unsafe { erase_header(g, t, ptr as u64, n, size32) }) {
+        Some(_) => false,
+        None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
+    }
+}
+
 /// Records an allocation deferred from a signal handler (see [`state::defer`]).
 /// (A block with a trailer keeps [`trailer::NONE`] there and is indexed: a free finding
 /// `NONE` looks in the index.)
@@ -307,6 +323,7 @@ pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64, held: bool) {
     erase(g, t, addr);
 }
 
+#[inline(always)]
 fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // SAFETY: the buffer is this thread's and we are inside its reentrancy guard (called from
     // `enter`): nothing else uses it during this capture (a signal handler's allocation is
@@ -438,6 +455,7 @@ fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
     }
 }
 
+#[inline(always)]
 fn insert(
     g: &Global,
     t: &Tls,
@@ -471,8 +489,9 @@ fn insert(
     // A block with a trailer (see `trailer`) or a header (see `header`) keeps its record
     // number there, not in the index.
     // SAFETY: `addr` is a block just returned by the malloc family or CPython's allocator.
-    let headed = at == 0 && header::on() && unsafe { header::read(addr) }.is_some();
-    if at != 0 {
+    let headed = at == header::JUST_HEADED
+        || (at == 0 && header::on() && unsafe { header::read(addr) }.is_some());
+    if at > header::JUST_HEADED {
         if let Some(n) = node {
             // SAFETY: `at` is the trailer the wrapper wrote for this block (see `trailer`).
             unsafe { trailer::write(at, addr, n) };
@@ -526,18 +545,13 @@ fn insert(
     tick(g, t, slot_idx);
 }
 
+#[inline(always)]
 fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
     // SAFETY: `addr` is a block handed to the malloc family's free or realloc, or CPython's.
     let (n, size32) = match header::on().then(|| unsafe { header::read(addr) }) {
         // A header: the record it names, or none (not recorded: no index entry either).
-        Some(Some((n, size32))) => {
-            if n == header::NONE {
-                return None;
-            }
-            // SAFETY: the block has a header (just read).
-            unsafe { header::write(addr, header::NONE, size32) };
-            (n, size32)
-        }
+        // SAFETY: the block has a header (just read).
+        Some(Some((n, size32))) => return unsafe { erase_header(g, t, addr, n, size32) },
         _ => {
             let r = state::INDEX.remove(addr)?;
             if state::sample_interval() != 0 {
@@ -546,6 +560,21 @@ fn erase(g: &Global, t: &Tls, addr: u64) -> Option<u64> {
             r
         }
     };
+    Some(close(g, t, n, size32))
+}
+
+/// Erases the record that block `addr`'s header names (`n`, [`header::NONE`]: none; `size32`
+/// its size field): the header is rewritten naming none first. Returns the recorded size.
+///
+/// # Safety
+/// Block `addr` has a header holding `n` and `size32` (just read by [`header::read`]).
+#[inline(always)]
+unsafe fn erase_header(g: &Global, t: &Tls, addr: u64, n: u32, size32: u32) -> Option<u64> {
+    if n == header::NONE {
+        return None;
+    }
+    // SAFETY: per the contract.
+    unsafe { header::write(addr, header::NONE, size32) };
     Some(close(g, t, n, size32))
 }
 

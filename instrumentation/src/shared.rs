@@ -268,6 +268,7 @@ impl Tls {
     /// stack when `sp` lies in it, else (a coroutine stack, a `sigaltstack`) the end of the
     /// readable memory just above `sp`, probed (see [`crate::unwind::readable_above`]); 0 when
     /// unknown (the walks then read nothing beyond the shim's own frame).
+    #[inline(always)]
     pub fn stack_limit(&self, sp: usize) -> usize {
         let (lo, hi) = (self.stack_lo.get(), self.stack_hi.get());
         if sp >= lo && sp < hi {

@@ -15,7 +15,7 @@
 use heapdump_instrumentation::frame_pointer;
 use heapdump_instrumentation::header;
 use heapdump_instrumentation::hooks::{
-    record_alloc, record_alloc_trailed, record_free, record_free_deferrable_headed,
+    record_alloc, record_alloc_trailed, record_free, record_free_deferrable_header,
     record_free_deferrable_plain, record_free_deferrable_trailed, record_free_headed,
     record_free_trailed, record_realloc, record_realloc_trailed, record_sampled, sample_next,
 };
@@ -150,7 +150,8 @@ unsafe fn malloc_impl(size: size_t) -> *mut c_void {
 /// the end of glibc's usable area, written when it is recorded; a larger one 16 bytes into
 /// glibc's block, after a header written now as not yet recorded (see
 /// `heapdump_instrumentation::trailer` and `header`). Returns the block and its trailer's
-/// address (0: a header, or a block glibc made larger than a trailer's chunk, which is indexed).
+/// address (0: a block glibc made larger than a trailer's chunk, which is indexed;
+/// `header::JUST_HEADED`: a header).
 ///
 /// # Safety
 /// `alloc` is `__libc_malloc`, or a zeroing allocation of that many bytes.
@@ -173,7 +174,7 @@ unsafe fn new_marked(
     // SAFETY: per the contract, with room for the header.
     let q = unsafe { alloc(total) };
     // SAFETY: `q` is null or a block of `size + 16` bytes.
-    (unsafe { headed(q, size) }, 0)
+    (unsafe { headed(q, size) }, header::JUST_HEADED)
 }
 
 /// `__libc_calloc(1, n)`, for [`new_marked`].
@@ -182,7 +183,7 @@ unsafe extern "C" fn zeroed(n: size_t) -> *mut c_void {
     unsafe { __libc_calloc(1, n) }
 }
 
-/// Records block `p` just made by [`new_marked`] (`at`: its trailer, or 0): sampled already in
+/// Records block `p` just made by [`new_marked`] (`at`: its trailer, `header::JUST_HEADED`, or 0): sampled already in
 /// sampling mode ([`header::sampled_only`]: only sampled blocks get a mark), else every block
 /// is recorded. `forwarded`: it replaces a recorded block (`realloc`).
 #[inline(always)]
@@ -237,8 +238,9 @@ unsafe fn headed(q: *mut c_void, size: size_t) -> *mut c_void {
 enum Mark {
     /// Nowhere: the address index.
     None,
-    /// A header before it: glibc's block is 16 bytes lower.
-    Header,
+    /// A header before it, naming a record (or `header::NONE`) and the block's size (see
+    /// `header::read`): glibc's block is 16 bytes lower.
+    Header(u32, u32),
     /// A trailer at the address given, naming a record.
     Trailer(u32, u64),
 }
@@ -259,8 +261,8 @@ unsafe fn mark_of(p: *mut c_void) -> Mark {
     }
     // SAFETY: per the contract.
     unsafe {
-        if header::read(p as u64).is_some() {
-            return Mark::Header;
+        if let Some((n, size32)) = header::read(p as u64) {
+            return Mark::Header(n, size32);
         }
         if !trailer::on() {
             return Mark::None;
@@ -282,7 +284,7 @@ unsafe fn release(p: *mut c_void, m: Mark) {
     unsafe {
         match m {
             Mark::None => __libc_free(p),
-            Mark::Header => {
+            Mark::Header(..) => {
                 header::clear(p as u64);
                 __libc_free((p as *mut u8).sub(header::SIZE) as *mut c_void);
             }
@@ -412,7 +414,10 @@ unsafe fn free_recorded(ptr: *mut c_void, fp: usize) {
     // SAFETY: the caller's pointer for free (see `mark_of`).
     let m = unsafe { mark_of(ptr) };
     let held = match m {
-        Mark::Header => record_free_deferrable_headed(ptr as *mut u8),
+        // SAFETY: `m` was just read from the block's header.
+        Mark::Header(n, size32) => unsafe {
+            record_free_deferrable_header(ptr as *mut u8, n, size32)
+        },
         Mark::Trailer(n, at) => record_free_deferrable_trailed(ptr as *mut u8, n, at),
         Mark::None => record_free_deferrable_plain(ptr as *mut u8),
     };
@@ -489,7 +494,7 @@ unsafe fn realloc_impl(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_void
         // SAFETY: the caller's pointer for realloc.
         match unsafe { mark_of(ptr) } {
             // SAFETY: as above; the block has a header.
-            Mark::Header => return unsafe { realloc_headed(ptr, size, fp) },
+            Mark::Header(..) => return unsafe { realloc_headed(ptr, size, fp) },
             // SAFETY: as above; `at` is its trailer, naming `n`.
             Mark::Trailer(n, at) => return unsafe { realloc_trailed(ptr, n, at, size, fp) },
             Mark::None if header::sampled_only() => {
@@ -795,7 +800,7 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
         // The bytes before the trailer.
         Mark::Trailer(_, at) => (at - ptr as u64) as size_t,
         // SAFETY: glibc's block is ptr - 16.
-        Mark::Header => usable(unsafe { (ptr as *mut u8).sub(header::SIZE) } as *mut c_void)
+        Mark::Header(..) => usable(unsafe { (ptr as *mut u8).sub(header::SIZE) } as *mut c_void)
             .saturating_sub(header::SIZE),
         Mark::None => usable(ptr),
     }
