@@ -304,14 +304,15 @@ unsafe extern "C" fn free_block(p: *mut c_void) {
 }
 
 /// `free(3)`: sampling mode's unsampled case from a few instructions, the rest in
-/// [`free_slow`].
+/// [`free_recorded`].
 ///
 /// Written in assembly for the reason [`malloc`] is. When `state::FREE_FAST` is set
 /// (sampling mode, headers on sampled blocks only), a block whose chunk-header word at
 /// `ptr - 8` has bit 3 clear (no header: see `header::marked`), or a pointer that cannot have
 /// a header (null, misaligned, below 4096), goes straight to `__libc_free` while no address is
-/// indexed (`PRESENCE`'s count is 0), as [`free_slow`]'s `unsampled` would decide. Anything
-/// else jumps to [`free_slow`] with the stack as the caller left it.
+/// indexed (`PRESENCE`'s count is 0), as `unsampled` decides elsewhere. Anything else jumps
+/// to [`free_recorded`] with the stack as the caller left it, and as its frame pointer the
+/// address below the return address (where a frame pointer pushed at entry would be).
 ///
 /// # Safety
 /// As `free(3)`.
@@ -336,13 +337,14 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
         "jne 2f",
         "jmp qword ptr [rip + {libc_free}@GOTPCREL]",
         "2:",
+        "lea rsi, [rsp - 8]",
         "jmp {slow}",
         ".cfi_endproc",
         fast = sym heapdump_instrumentation::state::FREE_FAST,
         presence = sym heapdump_instrumentation::state::PRESENCE,
         live = const heapdump_instrumentation::state::PRESENCE_LIVE_OFFSET,
         libc_free = sym __libc_free,
-        slow = sym free_slow,
+        slow = sym free_recorded,
     )
 }
 
@@ -358,12 +360,13 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     unsafe { free_slow(ptr) }
 }
 
-/// The rest of [`free`], jumped to with the caller's stack.
+/// The Rust [`free`]'s work.
 ///
 /// # Safety
 /// As `free(3)`.
-#[inline(never)]
-unsafe extern "C" fn free_slow(ptr: *mut c_void) {
+#[cfg(not(all(target_arch = "x86_64", not(test))))]
+#[inline(always)]
+unsafe fn free_slow(ptr: *mut c_void) {
     // Sampling mode's common case: a block without a mark and not in the address index was
     // never sampled, and glibc gets it at once. Everything else is `free_recorded`, out of
     // line, so that this path saves no registers (bench/storm.c sampled at 512 KiB,
@@ -386,6 +389,7 @@ unsafe extern "C" fn free_slow(ptr: *mut c_void) {
 ///
 /// # Safety
 /// As [`mark_of`].
+#[cfg(not(all(target_arch = "x86_64", not(test))))]
 #[inline(always)]
 unsafe fn unsampled(p: *mut c_void) -> bool {
     header::on()
@@ -396,13 +400,13 @@ unsafe fn unsampled(p: *mut c_void) -> bool {
         && heapdump_instrumentation::hooks::certainly_unindexed(p as u64)
 }
 
-/// The rest of [`free`] (`fp`: its frame pointer).
+/// The rest of [`free`] (`fp`: its frame pointer, or where one would be).
 ///
 /// # Safety
-/// As `free(3)`; `fp` is the frame pointer [`free`] had: the word above it is the return
-/// address into `free`'s caller.
+/// As `free(3)`; the word above `fp` is the return address into `free`'s caller (the Rust
+/// `free`'s frame pointer; from the assembly entry, the address below its return address).
 #[inline(never)]
-unsafe fn free_recorded(ptr: *mut c_void, fp: usize) {
+unsafe extern "C" fn free_recorded(ptr: *mut c_void, fp: usize) {
     if attach::from_loader(fp) {
         // SAFETY: forwarding to glibc with the caller's argument.
         return unsafe { __libc_free(ptr) };
