@@ -916,10 +916,10 @@ const FRAME_RECORD: u64 = 1 << 63;
 /// Native stack words an entry keeps at most (a return-address slot and a saved-`rbp` slot a
 /// frame, and the words that ended the walk).
 const NATIVE_MAX: usize = 64;
-/// Sets of a [`StackMemo`] (a power of two), each of [`STACK_WAYS`] entries: 64 in all. Eight
-/// ways: with four, hot stacks collided in a few sets and the cost moved with the addresses
-/// the keys hold (ARCHITECTURE.md, "The memo of whole stacks").
-const STACK_SETS: usize = 8;
+/// Sets of a [`StackMemo`] (a power of two), each of [`STACK_WAYS`] entries: 128 in all. Eight
+/// ways and sixteen sets: with fewer, hot stacks collided in a few sets and the cost moved
+/// with the addresses the keys hold (ARCHITECTURE.md, "The memo of whole stacks").
+const STACK_SETS: usize = 16;
 const STACK_WAYS: usize = 8;
 
 /// The interpreter memory one splice read, in order, as records of words:
