@@ -55,6 +55,10 @@ extern "C" {
 /// # Safety
 /// As `malloc(3)`.
 #[cfg(all(target_arch = "x86_64", not(test)))]
+// SAFETY: the body follows the C ABI for `malloc`: it reads `rdi` and its own statics and TLS
+// word, keeps `rdi` across the descriptor call (which preserves every other general register)
+// and leaves by a jump with the stack as it came in, to `__libc_malloc` or `malloc_slow`, both
+// of `malloc`'s signature; the CFI describes the one push.
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
@@ -317,6 +321,10 @@ unsafe extern "C" fn free_block(p: *mut c_void) {
 /// # Safety
 /// As `free(3)`.
 #[cfg(all(target_arch = "x86_64", not(test)))]
+// SAFETY: the body follows the C ABI for `free`: it reads `rdi`, its own statics and, for a
+// 16-aligned pointer of at least 4096, the byte at `ptr - 8` that glibc's `free` reads first;
+// it leaves by a jump with the stack as it came in, to `__libc_free` (same signature) or to
+// `free_recorded` with `rsi` set to the frame-pointer position that function expects.
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
