@@ -56,6 +56,12 @@ What it does, in order:
    ops), `phases 4 100000` and CPython (PYTHONMALLOC=malloc, PYTHONHASHSEED=0, 2,000
    iterations, and the same 30 Python frames deeper), bare, under the shim and under --shim-b: instructions and L1 data misses,
    deterministic where timing on a shared VM is not.
+11. The floor (section "floor"; issue 20's "where a goal is out of reach, the measured floor
+   and why"): builds the shim with the benchmark-only cargo feature `ablation` into
+   target/ablation (instrumentation/src/ablate.rs) and runs the storm on one thread bare,
+   interposed with recording off, with block marks only, without stacks and/or the
+   allocations table, and whole, in the same interleaved rounds; prints what each part adds
+   (× bare, ns an operation) and its instructions (cachegrind, 200,000 operations).
 
 Measurements: wall time is measured around the child with a monotonic clock; CPU time is
 user+sys of the child and all the descendants it waited for, from os.wait4(); peak RSS is
@@ -1829,6 +1835,139 @@ def section_ab(args, exes, threads):
     return out + lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
 
 
+# --------------------------------------------------------------------------------------------
+# The floor (section "floor"): what each part of the recording costs on the storm
+# --------------------------------------------------------------------------------------------
+
+ABLATION_DIR = os.path.join(REPO, "target", "ablation")
+
+
+def build_ablation_shim():
+    """Builds the shim with the benchmark-only `ablation` feature (instrumentation/src/
+    ablate.rs) into target/ablation and copies it next to the frozen shim. Returns (path, None)
+    or (None, why not)."""
+    cmd = ["cargo", "build", "--release", "-p", "heapdump-preload", "--features", "ablation",
+           "--target-dir", ABLATION_DIR]
+    log("build: " + " ".join(cmd))
+    try:
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"cargo build --features ablation failed: {e}"
+    built = os.path.join(ABLATION_DIR, "release", "libheapdump.so")
+    if r.returncode != 0 or not os.path.exists(built):
+        return None, f"cargo build --features ablation failed: {_tail(r.stderr)}"
+    frozen = os.path.join(BUILD_DIR, "heapdump-under-test", "ablation")
+    os.makedirs(frozen, exist_ok=True)
+    path = os.path.join(frozen, "libheapdump.so")
+    shutil.copy2(built, path)
+    return path, None
+
+
+def section_floor(args, exes):
+    """The storm on one thread, bare and with parts of the recording switched off, all in the
+    same interleaved rounds: the CPU each part adds, as × bare and ns per operation, and the
+    instructions it adds (cachegrind, 200,000 operations)."""
+    title = (f"## The floor: what each part of the recording costs (storm, 1 thread, "
+             f"{args.storm_ops} ops; {args.rounds} rounds)")
+    abl, why = build_ablation_shim()
+    if not abl:
+        return [title, "", f"skipped: floor: {why}", ""]
+    argv = [exes["storm"], "1", str(args.storm_ops)]
+    runs = [
+        ("bare", None, {}),
+        ("interposed, recording off (HEAPDUMP_DISABLE=1)", SHIM, {"HEAPDUMP_DISABLE": "1"}),
+        ("block marks only (ablate record)", abl, {"HEAPDUMP_ABLATE": "record"}),
+        ("no stacks, no table (ablate stack,table)", abl, {"HEAPDUMP_ABLATE": "stack,table"}),
+        ("no stacks (ablate stack)", abl, {"HEAPDUMP_ABLATE": "stack"}),
+        ("no table (ablate table)", abl, {"HEAPDUMP_ABLATE": "table"}),
+        ("everything (ablation build)", abl, {}),
+        ("everything (release build)", SHIM, {}),
+    ]
+    cpu = {name: [] for name, _, _ in runs}
+    ratios = {name: [] for name, _, _ in runs}
+    errors = []
+    for rnd in range(args.rounds):
+        # Forward then reverse order, so that a host slowing down within the round weighs on
+        # every run alike; the round's ratio is each run's sum over the bare runs' sum.
+        got = {name: 0.0 for name, _, _ in runs}
+        ok = True
+        for name, shim, extra in runs + runs[::-1]:
+            res = run_variant(argv, extra, shim, args)
+            if not res.ok or not res.cpu:
+                errors.append(f"{name}, round {rnd + 1}: {res.error}")
+                ok = False
+                continue
+            got[name] += res.cpu
+            cpu[name].append(res.cpu)
+            log(f"floor round {rnd + 1}/{args.rounds} {name}: {res!r}")
+        if ok:
+            for name in got:
+                ratios[name].append(got[name] / got["bare"])
+    if not ratios["bare"]:
+        return [title, "", "failed: " + "; ".join(errors[:3]), ""]
+    med = {name: statistics.median(r) for name, r in ratios.items() if r}
+    bare_s = statistics.median(cpu["bare"])
+    ns_per_op = bare_s * 1e9 / args.storm_ops
+
+    # Instructions (deterministic), when valgrind is there.
+    instr = {}
+    if shutil.which("valgrind"):
+        cg_argv = [exes["storm"], "1", "200000"]
+        for name, shim, extra in runs:
+            with tempfile.TemporaryDirectory(prefix="heapdump-cachegrind-",
+                                             dir=shm_dir()) as cgdir:
+                out_file = os.path.join(cgdir, "cachegrind.out")
+                res = run_variant(cg_argv, extra, shim, args,
+                                  prefix=["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                                          "--cachegrind-out-file=" + out_file])
+                ir = cachegrind_totals(out_file, res.stderr)[0] if res.ok else None
+            if ir:
+                instr[name] = ir
+            log(f"floor instructions {name}: {ir}")
+
+    lines = ["| run | CPU × bare, median of rounds | rounds, lowest–highest | instructions "
+             "(200,000 ops) |", "|---|---|---|---|"]
+    for name, _, _ in runs:
+        r = ratios[name]
+        cell = f"{med[name]:.2f} | {min(r):.2f}–{max(r):.2f}" if r else "failed |"
+        ir = f"{instr[name] / 1e6:.1f} M" if name in instr else "—"
+        lines.append(f"| {name} | {cell} | {ir} |")
+
+    def part(label, hi, lo):
+        if hi not in med or lo not in med:
+            return None
+        d = med[hi] - med[lo]
+        ins = (f", {(instr[hi] - instr[lo]) / 200000:.0f} instructions an operation"
+               if hi in instr and lo in instr else "")
+        return (f"{label}: {d:+.2f}× bare = {d * ns_per_op:+.0f} ns an operation{ins} "
+                f"(\"{hi}\" − \"{lo}\")")
+
+    parts = [
+        part("interposition alone", "interposed, recording off (HEAPDUMP_DISABLE=1)", "bare"),
+        part("block marks (trailers, headers, their checks)", "block marks only (ablate record)",
+             "bare"),
+        part("recording without stacks or table (thread state, operation window, clock, "
+             "counters, record numbers)", "no stacks, no table (ablate stack,table)",
+             "block marks only (ablate record)"),
+        part("the allocations table's memory traffic", "everything (ablation build)",
+             "no table (ablate table)"),
+        part("stack capture and interning", "everything (ablation build)",
+             "no stacks (ablate stack)"),
+        part("the ablation checks themselves", "everything (ablation build)",
+             "everything (release build)"),
+    ]
+    notes = [p for p in parts if p] + errors
+    out = [title, "",
+           "One shim build with the benchmark-only `ablation` feature (instrumentation/src/"
+           "ablate.rs: `HEAPDUMP_ABLATE=record|stack|table` switch parts of the recording off; "
+           "never in a build for profiling) and the release build, every run in each round "
+           "(forward then reverse order); per round, each run's CPU (user + sys) over bare's; "
+           f"medians over the rounds. Bare's median CPU: {bare_s:.3f} s, {ns_per_op:.0f} ns an "
+           "operation (81% of operations are a free and a malloc). The parts below are "
+           "differences of medians: on a noisy host, read them to ±0.05×.", ""]
+    return out + lines + [""] + [f"- {n}" for n in notes] + [""]
+
+
 CG_IREFS_RE = re.compile(r"I\s+refs:\s+([\d,]+)")
 CG_D1_RE = re.compile(r"D1\s+misses:\s+([\d,]+)")
 
@@ -1946,7 +2085,7 @@ def main():
     ap.add_argument("--skip", default="",
                     help="comma-separated sections to skip: c, storm, phases, where, rust, python, "
                          "snapshot, graph, threads, continuous, latency, footprint, ab, "
-                         "instructions")
+                         "instructions, floor")
     ap.add_argument("--continuous-seconds", type=int, default=60,
                     help="length of the continuous section's `heapdump watch --every 1s` runs "
                          "(snapshots of a 32-thread churning target; default 60)")
@@ -2003,6 +2142,7 @@ def main():
         ("footprint", lambda: section_footprint(args, exes)),
         ("ab", lambda: section_ab(args, exes, threads)),
         ("instructions", lambda: section_instructions(args, exes)),
+        ("floor", lambda: section_floor(args, exes)),
     ]
     for name, fn in sections:
         if name in skip:

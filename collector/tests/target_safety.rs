@@ -296,7 +296,8 @@ fn invalid_settings_are_reported() {
         .env("HEAPDUMP_UNWIND", "dwraf")
         .env("HEAPDUMP_KEEP", "maybe")
         .env("HEAPDUMP_MAX_THREADS", "1")
-        .env("HEAPDUMP_MAX_BLOCK", "5");
+        .env("HEAPDUMP_MAX_BLOCK", "5")
+        .env("HEAPDUMP_ABLATE", "stack");
     let r = start(cmd, &dir, true);
     let list = list_json(&dir);
     let warnings: Vec<String> = list[0]["warnings"]
@@ -311,6 +312,8 @@ fn invalid_settings_are_reported() {
         "HEAPDUMP_KEEP=maybe is not 1/0, true/false or yes/no: ignored",
         "HEAPDUMP_MAX_THREADS=1 is out of range: using 2",
         "HEAPDUMP_MAX_BLOCK is not a heapdump setting: ignored (see the README's list)",
+        // Benchmark-only: read by a shim built with the `ablation` feature, never this one.
+        "HEAPDUMP_ABLATE=stack: ablations need a shim built with the `ablation` feature: ignored",
     ];
     // (A nearly full disk adds a warning of its own about reduced capacities: not ours here.)
     let mut got: Vec<String> = warnings

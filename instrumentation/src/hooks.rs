@@ -325,6 +325,9 @@ pub(crate) fn erase_deferred(g: &Global, t: &Tls, addr: u64, held: bool) {
 
 #[inline(always)]
 fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
+    if crate::ablate::on(crate::ablate::STACK) {
+        return u32::MAX;
+    }
     // SAFETY: the buffer is this thread's and we are inside its reentrancy guard (called from
     // `enter`): nothing else uses it during this capture (a signal handler's allocation is
     // deferred, captured into a buffer of its own).
@@ -534,7 +537,9 @@ fn insert(
     t.set_last_now(now);
     match node {
         Some(n) => {
-            w.publish_node(n, addr, size, stack, t.tid(), now);
+            if !crate::ablate::on(crate::ablate::TABLE) {
+                w.publish_node(n, addr, size, stack, t.tid(), now);
+            }
             add(&slot.allocs, 1);
             add(&slot.alloc_bytes, size);
         }
@@ -585,6 +590,9 @@ unsafe fn erase_header(g: &Global, t: &Tls, addr: u64, n: u32, size32: u32) -> O
 fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64> {
     let w = &g.writer;
     let ours = n != trailer::NONE && (n as u64) < w.node_capacity() && {
+        if crate::ablate::on(crate::ablate::TABLE) {
+            return Some(close(g, t, n, u32::MAX));
+        }
         let node = w.node(n);
         node.address.load(Ordering::Relaxed) == addr
             && node.t_free.load(Ordering::Relaxed) == vmo_layout::v1::TIME_NONE
@@ -608,7 +616,13 @@ fn close(g: &Global, t: &Tls, n: u32, size32: u32) -> u64 {
     RegionWriter::op_begin(slot, n);
     let (now, last) = g.writer.stamp(now_ns());
     t.set_last_now(now);
-    let size = if size32 == u32::MAX {
+    let size = if crate::ablate::on(crate::ablate::TABLE) {
+        if size32 == u32::MAX {
+            0
+        } else {
+            size32 as u64
+        }
+    } else if size32 == u32::MAX {
         g.writer.erase_node(n, now)
     } else {
         g.writer.mark_freed(n, now);

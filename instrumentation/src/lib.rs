@@ -22,6 +22,7 @@
 // No `unwrap` in the shim: it runs inside other programs' `malloc` (issue 22 A4). Tests may.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod ablate;
 pub mod attach;
 mod deferred;
 #[cfg(target_arch = "x86_64")]

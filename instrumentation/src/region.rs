@@ -193,6 +193,19 @@ pub fn settings() -> Settings {
                     s.max_dead_regions = x;
                 }
             }
+            b"HEAPDUMP_ABLATE" => match crate::ablate::parse(v) {
+                #[cfg(feature = "ablation")]
+                Ok(mask) => crate::ablate::set(mask),
+                #[cfg(not(feature = "ablation"))]
+                Ok(_) => s.warn(&[
+                    shown,
+                    b": ablations need a shim built with the `ablation` feature: ignored",
+                ]),
+                Err(name) => s.warn(&[
+                    &name[..name.len().min(64)],
+                    b" is not an ablation (record, stack, table): HEAPDUMP_ABLATE ignored",
+                ]),
+            },
             // Read by the `heapdump` command, not the shim.
             b"HEAPDUMP_LIB" => {}
             _ if k.starts_with(b"HEAPDUMP_TEST_") => {}

@@ -138,6 +138,9 @@ unsafe fn malloc_impl(size: size_t) -> *mut c_void {
         }
         // SAFETY: `malloc`'s contract; glibc's `malloc` allocates.
         let (p, at) = unsafe { new_marked(size, __libc_malloc) };
+        if heapdump_instrumentation::ablate::on(heapdump_instrumentation::ablate::RECORD) {
+            return p;
+        }
         record_marked(p, size, fp, false, at);
         return p;
     }
@@ -425,6 +428,10 @@ unsafe extern "C" fn free_recorded(ptr: *mut c_void, fp: usize) {
     // when the interrupted operation ends, after closing its record.
     // SAFETY: the caller's pointer for free (see `mark_of`).
     let m = unsafe { mark_of(ptr) };
+    if heapdump_instrumentation::ablate::on(heapdump_instrumentation::ablate::RECORD) {
+        // SAFETY: the caller's pointer and its mark (benchmark ablation: nothing recorded).
+        return unsafe { release(ptr, m) };
+    }
     let held = match m {
         // SAFETY: `m` was just read from the block's header.
         Mark::Header(n, size32) => unsafe {
