@@ -1914,13 +1914,7 @@ def section_floor(args, exes):
     if shutil.which("valgrind"):
         cg_argv = [exes["storm"], "1", "200000"]
         for name, shim, extra in runs:
-            with tempfile.TemporaryDirectory(prefix="heapdump-cachegrind-",
-                                             dir=shm_dir()) as cgdir:
-                out_file = os.path.join(cgdir, "cachegrind.out")
-                res = run_variant(cg_argv, extra, shim, args,
-                                  prefix=["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                                          "--cachegrind-out-file=" + out_file])
-                ir = cachegrind_totals(out_file, res.stderr)[0] if res.ok else None
+            ir = cachegrind_run(cg_argv, extra, shim, args, cache_sim=False)[0]
             if ir:
                 instr[name] = ir
             log(f"floor instructions {name}: {ir}")
@@ -1996,6 +1990,21 @@ def cachegrind_totals(out_file, stderr):
             int(d.group(1).replace(",", "")) if d else None, None)
 
 
+def cachegrind_run(argv, extra_env, shim, args, cache_sim):
+    """One run of argv under `valgrind --tool=cachegrind` (bare when shim is None, else with
+    LD_PRELOAD=shim, as run_variant): (instructions, D1 misses, D1 geometry, the run's
+    Result); the counts are None when the run failed."""
+    with tempfile.TemporaryDirectory(prefix="heapdump-cachegrind-", dir=shm_dir()) as cgdir:
+        out_file = os.path.join(cgdir, "cachegrind.out")
+        res = run_variant(argv, extra_env, shim, args,
+                          prefix=["valgrind", "--tool=cachegrind",
+                                  f"--cache-sim={'yes' if cache_sim else 'no'}",
+                                  "--cachegrind-out-file=" + out_file])
+        ir, d1, desc = (cachegrind_totals(out_file, res.stderr) if res.ok
+                        else (None, None, None))
+    return ir, d1, desc, res
+
+
 def section_instructions(args, exes):
     """Instructions and L1 data misses counted by cachegrind (deterministic: the host's noise
     does not reach them), bare and under each shim build."""
@@ -2024,14 +2033,7 @@ def section_instructions(args, exes):
     for name, argv, extra in workloads:
         bare = None
         for label, shim in [("bare", None)] + shim_builds():
-            with tempfile.TemporaryDirectory(prefix="heapdump-cachegrind-",
-                                             dir=shm_dir()) as cgdir:
-                out_file = os.path.join(cgdir, "cachegrind.out")
-                res = run_variant(argv, extra, shim, args,
-                                  prefix=["valgrind", "--tool=cachegrind", "--cache-sim=yes",
-                                          "--cachegrind-out-file=" + out_file])
-                ir, d1, desc = (cachegrind_totals(out_file, res.stderr) if res.ok
-                                else (None, None, None))
+            ir, d1, desc, res = cachegrind_run(argv, extra, shim, args, cache_sim=True)
             d1_desc = d1_desc or desc
             log(f"instructions {name}: {label}: "
                 f"{res.error or f'{ir} instructions, {d1} D1 misses'}")
