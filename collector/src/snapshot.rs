@@ -281,6 +281,9 @@ pub fn collect_at(
     let threads = region.threads();
     let python = crate::python::Codes::read(&region, stacks.values());
     crate::python::drop_perf_trampolines(&mut stacks, &python, &jit, &modules);
+    if let Some(w) = unnamed_code_warning(&stacks, &inuse, &modules, &jit, &info.exe_path) {
+        meta.warnings.push(w);
+    }
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
     }
@@ -299,6 +302,75 @@ pub fn collect_at(
         python,
         notes,
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
+    })
+}
+
+/// Live bytes below which [`unnamed_code_warning`] says nothing: 1 in 100.
+const UNNAMED_CODE_SHARE: f64 = 0.01;
+
+/// A warning when at least 1% of the live bytes (`inuse`: (blocks, bytes) per stack, thread,
+/// size) were allocated under generated code that nothing names: a return address in no
+/// module of the table (`modules`) and no range of the JIT's perf map or jitdump (`jit`),
+/// which the profile shows as `<unknown>`. It says what would name it: for node (an executable
+/// named `node*`) its flags, `--perf-basic-prof --interpreted-frames-native-stack` (README,
+/// "Node.js and other JITs"), else a perf map or jitdump from the JIT. CPython's frames spliced
+/// in by the shim ([`vmo_layout::v1::PYTHON_FRAME`], `PYTHON_EVAL_FRAME`) are names, not
+/// addresses: never counted.
+fn unnamed_code_warning(
+    stacks: &HashMap<u32, Vec<u64>>,
+    inuse: &HashMap<(u32, u32, u64), (f64, f64)>,
+    modules: &[Module],
+    jit: &crate::perfmap::JitSymbols,
+    exe_path: &str,
+) -> Option<String> {
+    use vmo_layout::v1::{PYTHON_EVAL_FRAME, PYTHON_FRAME};
+    let mut nameless: HashMap<u64, bool> = HashMap::new();
+    let mut stack_nameless: HashMap<u32, bool> = HashMap::new();
+    let (mut all, mut under) = (0f64, 0f64);
+    for (&(stack, _, _), &(_, bytes)) in inuse {
+        all += bytes;
+        let hit = *stack_nameless.entry(stack).or_insert_with(|| {
+            stacks.get(&stack).is_some_and(|frames| {
+                frames.iter().any(|&pc| {
+                    pc & (PYTHON_FRAME | PYTHON_EVAL_FRAME) == 0
+                        && *nameless.entry(pc).or_insert_with(|| {
+                            // The call site: return address - 1, as the profile's locations.
+                            let a = pc.wrapping_sub(1);
+                            crate::symbolize::module_of(modules, a).is_none()
+                                && jit.name(a).is_none()
+                        })
+                })
+            })
+        });
+        if hit {
+            under += bytes;
+        }
+    }
+    if all <= 0.0 || under < all * UNNAMED_CODE_SHARE {
+        return None;
+    }
+    let what = format!(
+        "{:.0}% of the live bytes ({} of {}) were allocated under generated code that has no \
+         name (`<unknown>` frames)",
+        under * 100.0 / all,
+        under.round() as u64,
+        all.round() as u64
+    );
+    let node = std::path::Path::new(exe_path)
+        .file_name()
+        .is_some_and(|f| f.to_string_lossy().starts_with("node"));
+    Some(if node {
+        format!(
+            "{what}: node names its JavaScript functions for profilers only when run with \
+             --perf-basic-prof --interpreted-frames-native-stack (or with them in \
+             NODE_OPTIONS); heapdump then reads the /tmp/perf-PID.map it writes (README: \
+             Node.js and other JITs)"
+        )
+    } else {
+        format!(
+            "{what}: the JIT that made it published no names for it (a /tmp/perf-PID.map or a \
+             jitdump file; README: Node.js and other JITs)"
+        )
     })
 }
 

@@ -147,6 +147,11 @@ fn node_js_functions_named_from_the_perf_map() {
         let p = decode(&profile);
         let (all, unnamed) = unnamed_bytes(&p);
         assert!(all >= NODE_BYTES, "{flags:?}: {all} live bytes");
+        assert_eq!(
+            unnamed_code_warnings(&p),
+            Vec::<String>::new(),
+            "{flags:?}: named code reported as unnamed"
+        );
         assert!(
             unnamed * 100 <= all,
             "{flags:?}: {unnamed} of {all} live bytes under unnamed frames"
@@ -174,6 +179,81 @@ fn node_js_functions_named_from_the_perf_map() {
             assert!(under > 0, "{flags:?}: nothing under makeBuffers");
         }
     }
+}
+
+/// The profile's comments that report bytes under generated code without names.
+fn unnamed_code_warnings(p: &Profile) -> Vec<String> {
+    p.comment
+        .iter()
+        .map(|&i| p.string_table[i as usize].clone())
+        .filter(|c| c.contains("generated code that has no name"))
+        .collect()
+}
+
+/// Node without its flags names none of its JavaScript functions: the snapshot says how many
+/// live bytes are under that unnamed code — as many as the profile has under frames in no
+/// mapping and without a name, of all its live bytes — and which flags name it, on stderr and in the profile's
+/// comments. (With the flags, `node_js_functions_named_from_the_perf_map` finds no such
+/// comment.)
+#[test]
+fn node_without_flags_is_told_how_to_name_its_code() {
+    let Some(node) = node() else {
+        skip_note(
+            "skipped: node_without_flags_is_told_how_to_name_its_code: node is not installed",
+        );
+        return;
+    };
+    let dir = region_dir("jit-node-bare");
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(&node);
+    cmd.arg(script("make_buffers.js")).current_dir(cwd.path());
+    let r = start(cmd, &dir, true);
+    let pid = r.pid();
+    let out = dir.with_extension(format!("{pid}.pb.gz"));
+    let pid_s = pid.to_string();
+    let (ok, so, se) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-pid", &pid_s, "-o", out.to_str().unwrap()],
+    );
+    drop(r);
+    remove_jit_files(pid);
+    assert!(ok, "snapshot failed: {so}{se}");
+    let p = decode(&out);
+    let (all, _) = unnamed_bytes(&p);
+    assert!(all >= NODE_BYTES, "{all} live bytes");
+    // Frames in no mapping (no module, no JIT range) and without a name: generated code.
+    let generated: std::collections::HashSet<u64> = p
+        .location
+        .iter()
+        .filter(|l| l.mapping_id == 0 && l.line.is_empty())
+        .map(|l| l.id)
+        .collect();
+    let unnamed: i64 = p
+        .sample
+        .iter()
+        .filter(|s| s.location_id.iter().any(|l| generated.contains(l)))
+        .map(|s| s.value[3])
+        .sum();
+    // make_buffers.js: every Buffer is made under JS code, interpreted or compiled.
+    assert!(
+        unnamed >= NODE_BYTES * 9 / 10,
+        "{unnamed} of {all} bytes unnamed"
+    );
+    let warned = unnamed_code_warnings(&p);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let w = &warned[0];
+    assert!(
+        w.contains(&format!("({unnamed} of {all})")),
+        "{w}: the profile has {unnamed} of {all} live bytes under unnamed frames"
+    );
+    assert!(
+        w.contains("--perf-basic-prof --interpreted-frames-native-stack"),
+        "{w}"
+    );
+    assert!(
+        se.contains(&format!("heapdump: warning: {w}")),
+        "stderr: {se}"
+    );
 }
 
 /// A post-mortem snapshot of node (`HEAPDUMP_KEEP=1`, taken after exit) still names the JS
