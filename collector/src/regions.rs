@@ -900,7 +900,9 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
             if mine.is_empty() {
                 if proc_start_ticks(*pid).is_some() {
                     bail!(
-                        "process {pid} is not instrumented (no region in {}); start it with `heapdump run` or LD_PRELOAD=libheapdump.so",
+                        "process {pid} is not instrumented (no region in {}); start it with \
+                         `heapdump run` or LD_PRELOAD=libheapdump.so, or load the shim into it \
+                         now with `heapdump attach --by-pid {pid}`",
                         region_dir().display()
                     );
                 }
@@ -928,7 +930,19 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                 matches.clone()
             };
             match chosen.as_slice() {
-                [] => bail!("no instrumented process named {name:?} (see `heapdump list`)"),
+                [] => {
+                    let running = running_named(name);
+                    if running.is_empty() {
+                        bail!("no instrumented process named {name:?} (see `heapdump list`)");
+                    }
+                    let pids: Vec<String> = running.iter().map(|p| p.to_string()).collect();
+                    bail!(
+                        "no instrumented process named {name:?} (see `heapdump list`); running \
+                         without the shim: pid {}; `heapdump attach --by-pid PID` loads it \
+                         into one now",
+                        pids.join(", ")
+                    )
+                }
                 [one] => Ok((one.file.path.clone(), Some(one.file.clone()))),
                 many => {
                     let list: Vec<String> = many
@@ -954,6 +968,27 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
             }
         }
     }
+}
+
+/// Running processes whose command name (`/proc/PID/comm`, 15 bytes at most) is `name` (its
+/// first 15 bytes), this one excepted, in pid order: for the error of a `--by-name` that no
+/// region matches.
+fn running_named(name: &str) -> Vec<u32> {
+    let want = &name.as_bytes()[..name.len().min(15)];
+    let me = std::process::id();
+    let mut out: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == want)
+        })
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// How to pick the region to snapshot.

@@ -251,6 +251,11 @@ fn errors_are_one_line_and_nonzero() {
         &["snapshot", "--by-pid", &me, "-o", "/dev/null"],
         "not instrumented",
     );
+    // … and told how to instrument it without a restart.
+    check(
+        &["snapshot", "--by-pid", &me, "-o", "/dev/null"],
+        &format!("`heapdump attach --by-pid {me}`"),
+    );
     check(
         &[
             "snapshot",
@@ -261,6 +266,29 @@ fn errors_are_one_line_and_nonzero() {
         ],
         "no instrumented process named",
     );
+    // A running process of that name without the shim: its pid, and how to attach.
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id();
+    check(
+        &["snapshot", "--by-name", "sleep", "-o", "/dev/null"],
+        "no instrumented process named \"sleep\"",
+    );
+    let (_, _, err) = heapdump_cmd(&dir, &["snapshot", "--by-name", "sleep", "-o", "/dev/null"]);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let listed = err
+        .split("running without the shim: pid ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .unwrap_or_default();
+    assert!(
+        listed.split(", ").any(|p| p == pid.to_string()),
+        "{err}: pid {pid} not listed"
+    );
+    assert!(err.contains("`heapdump attach --by-pid PID`"), "{err}");
     // Not a region.
     let junk = dir.join("junk");
     std::fs::write(&junk, vec![7u8; 8192]).unwrap();
