@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::collections::HashSet;
+use std::path::Path;
 use std::process::Command;
 
 const KIB: i64 = 1024;
@@ -197,6 +198,71 @@ fn with_tags_one_sample_per_block() {
         assert_eq!(s.labels["bytes"][0].parse::<i64>().unwrap(), s.values[3]);
     }
     assert_eq!(r.finish(), 0);
+}
+
+/// `heapdump run` of a program the loader will not preload the shim into says so on stderr
+/// and still runs it: a statically linked one (and a static-pie), and as root one set-user-ID
+/// to another user. A dynamically linked one, through PATH, gets no warning.
+#[test]
+fn run_warns_when_the_shim_cannot_be_preloaded() {
+    let dir = region_dir("run-warn");
+    let run = |exe: &Path| {
+        let out = Command::new(heapdump())
+            .arg("run")
+            .arg("--")
+            .arg(exe)
+            .env("HEAPDUMP_DIR", &dir)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for flag in ["-static", "-static-pie"] {
+        let exe = compile_c("nothing", &[flag]);
+        let (code, err) = run(&exe);
+        assert_eq!(code, Some(0), "{flag}: {err}");
+        assert_eq!(
+            err.trim_end(),
+            format!(
+                "heapdump: warning: {} is statically linked: no dynamic loader runs for it to \
+                 load the shim (LD_PRELOAD), so nothing will be recorded (link it dynamically; \
+                 a Rust program can use HeapdumpAlloc instead: README, \"Rust programs: \
+                 linking the allocator\")",
+                exe.display()
+            ),
+            "{flag}"
+        );
+    }
+    let dynamic = compile_c("nothing", &[]);
+    let (code, err) = run(&dynamic);
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+    // Looked up in PATH like the spawn: `true` is dynamically linked on Debian.
+    let (code, err) = run(Path::new("true"));
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip_note("skipped: run_warns_when_the_shim_cannot_be_preloaded (set-user-ID): not root");
+        return;
+    }
+    let suid = dir.with_extension("suid-nothing");
+    std::fs::copy(&dynamic, &suid).unwrap();
+    // SAFETY: a valid NUL-terminated path; 65534 is `nobody`.
+    let path = std::ffi::CString::new(suid.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+    std::fs::set_permissions(&suid, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let (code, err) = run(&suid);
+    let _ = std::fs::remove_file(&suid);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "heapdump: warning: {} is set-user-ID: the loader ignores LD_PRELOAD for it, so \
+             nothing will be recorded",
+            suid.display()
+        )
+    );
 }
 
 #[test]

@@ -64,6 +64,9 @@ pub fn run(a: Options) -> Result<()> {
         preload.push(":");
         preload.push(old);
     }
+    if let Some(why) = preload_ignored(&a.command[0]) {
+        eprintln!("heapdump: warning: {why}");
+    }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
     if a.keep {
@@ -88,6 +91,77 @@ pub fn run(a: Options) -> Result<()> {
         std::process::exit(128 + sig);
     }
     std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Why the dynamic loader will not load the shim into `command` (looked up in `PATH` as
+/// `execvp` does when it has no slash), when its file says so:
+/// * an ELF executable without `PT_INTERP` — statically linked (static-pie included): no
+///   dynamic loader runs, and only the loader reads `LD_PRELOAD`;
+/// * a set-user-ID or set-group-ID file whose owner or group is not ours: the kernel marks
+///   the process secure (`AT_SECURE`), and glibc's loader then ignores `LD_PRELOAD` entries
+///   with a slash, as ours has (ld.so(8), "Secure-execution mode").
+///
+/// `None` when neither holds or the file cannot be read (not found: the spawn reports it);
+/// a script (`#!`) is not followed to its interpreter. Reads the first 64 KiB at most, where
+/// the ELF header and program headers lie (the layout `object` parses).
+fn preload_ignored(command: &std::ffi::OsStr) -> Option<String> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let path = if command.as_encoded_bytes().contains(&b'/') {
+        PathBuf::from(command)
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(command))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))?
+    };
+    let meta = std::fs::metadata(&path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mode = meta.mode();
+    if mode & libc::S_ISUID != 0 && meta.uid() != uid {
+        return Some(format!(
+            "{} is set-user-ID: the loader ignores LD_PRELOAD for it, so nothing will be \
+             recorded",
+            path.display()
+        ));
+    }
+    if mode & libc::S_ISGID != 0 && meta.gid() != gid {
+        return Some(format!(
+            "{} is set-group-ID: the loader ignores LD_PRELOAD for it, so nothing will be \
+             recorded",
+            path.display()
+        ));
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(&path)
+        .ok()?;
+    let mut head = Vec::new();
+    f.take(64 * 1024).read_to_end(&mut head).ok()?;
+    let hdr = object::elf::FileHeader64::<object::Endianness>::parse(head.as_slice()).ok()?;
+    let endian = hdr.endian().ok()?;
+    if hdr.e_type(endian) != object::elf::ET_EXEC && hdr.e_type(endian) != object::elf::ET_DYN {
+        return None;
+    }
+    let phdrs = hdr.program_headers(endian, head.as_slice()).ok()?;
+    if phdrs.is_empty()
+        || phdrs
+            .iter()
+            .any(|p| p.p_type(endian) == object::elf::PT_INTERP)
+    {
+        return None;
+    }
+    Some(format!(
+        "{} is statically linked: no dynamic loader runs for it to load the shim \
+         (LD_PRELOAD), so nothing will be recorded (link it dynamically; a Rust program can \
+         use HeapdumpAlloc instead: README, \"Rust programs: linking the allocator\")",
+        path.display()
+    ))
 }
 
 /// `heapdump run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
