@@ -248,9 +248,10 @@ fn run_warns_when_the_shim_cannot_be_preloaded() {
     }
     let suid = dir.with_extension("suid-nothing");
     std::fs::copy(&dynamic, &suid).unwrap();
-    // SAFETY: a valid NUL-terminated path; 65534 is `nobody`.
     let path = std::ffi::CString::new(suid.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+    // SAFETY: a valid NUL-terminated path; 65534 is `nobody`.
+    let owned = unsafe { libc::chown(path.as_ptr(), 65534, 65534) };
+    assert_eq!(owned, 0);
     std::fs::set_permissions(&suid, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
     let (code, err) = run(&suid);
     let _ = std::fs::remove_file(&suid);
