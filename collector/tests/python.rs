@@ -451,6 +451,99 @@ fn python_then_c_extension_then_malloc() {
     }
 }
 
+const SMALL: &str = r#"import os, sys
+def small():
+    out = []
+    for i in range(30000):
+        out.append(bytes(333 + i % 3))
+    return out
+held = small()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// CPython 3.6 to 3.10, whose frames the shim does not read, get their objects recorded all
+/// the same (the allocator domains wrapped, as on 3.11+): the 30,000 `bytes` objects small
+/// enough for pymalloc (366, 367 and 368 bytes: 33 bytes of header and NUL, 10,000 of each
+/// size) are live blocks of their exact sizes, under the eval loop's native frame, with no
+/// Python frame. Before, pymalloc served them unseen: none of these blocks was recorded.
+#[test]
+fn objects_recorded_on_versions_without_frames() {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_default();
+    for minor in ["3.6", "3.7", "3.8", "3.9", "3.10"] {
+        let found = std::fs::read_dir(root.join("versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("bin").join(format!("python{minor}")))
+            .find(|p| {
+                p.exists()
+                    && p.parent()
+                        .and_then(|b| b.parent())
+                        .and_then(|v| v.file_name())
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{minor}.")))
+            });
+        let Some(py) = found else {
+            skip_note(&format!(
+                "skipped: objects_recorded_on_versions_without_frames on CPython {minor}: no \
+                 pyenv version {minor}.x under {}",
+                root.display()
+            ));
+            continue;
+        };
+        for debug in [false, true] {
+            objects_recorded_without_frames(minor, &py, debug);
+        }
+    }
+}
+
+/// One run of [`objects_recorded_on_versions_without_frames`]; `debug`: with CPython's debug
+/// hooks (`PYTHONMALLOC=debug`), whose frames kept from start-up are resized on 3.6–3.10: the
+/// snapshot (which fails on a damaged region) must find no two live records over one block.
+fn objects_recorded_without_frames(minor: &str, py: &Path, debug: bool) {
+    {
+        let dir = region_dir("python-small");
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("small.py");
+        std::fs::write(&script, SMALL).unwrap();
+        let mut cmd = Command::new(py);
+        cmd.arg(&script);
+        if debug {
+            cmd.env("PYTHONMALLOC", "debug");
+        }
+        let r = start(cmd, &dir, true);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        let minor = format!("{minor}, PYTHONMALLOC=debug {debug}");
+        for size in [366, 367, 368] {
+            let of_size: Vec<&Stack> = st
+                .iter()
+                .filter(|s| s.blocks > 0 && s.bytes == s.blocks * size)
+                .collect();
+            let under_eval: i64 = of_size
+                .iter()
+                .filter(|s| s.position("_PyEval_EvalFrameDefault").is_some())
+                .map(|s| s.blocks)
+                .sum();
+            let all: i64 = of_size.iter().map(|s| s.blocks).sum();
+            // A few blocks of these sizes may be the interpreter's own.
+            assert!(
+                (10_000..=10_020).contains(&under_eval) && all - under_eval <= 20,
+                "{minor}: {under_eval} blocks of {size} bytes under the eval loop, {all} in all"
+            );
+        }
+        assert!(
+            st.iter().all(|s| s.chain().is_empty()),
+            "{minor}: Python frames where the shim reads none"
+        );
+        assert_eq!(r.finish(), 0);
+        eprintln!("CPython {minor}: 30,000 small objects recorded");
+    }
+}
+
 const LARGE: &str = r#"import os, sys
 def big():
     out = []

@@ -252,11 +252,21 @@ fn prefetch_record(n: u32) {
 /// `r`, the erase of `ptr`'s record by a `realloc`: when `ptr` is the block a Python allocator
 /// wrapper's `realloc` is forwarding (see `py_realloc`), the size closed is noted for it and
 /// the new block left to it.
+///
+/// The wrapper's block is `ptr` itself, or lies inside it: CPython's debug hooks
+/// (`PYTHONMALLOC=debug`, the default of debug builds) hand out a pointer a few words into the
+/// block they allocate. Such a block, allocated before the domains were wrapped, has its
+/// record from `malloc` (3.6–3.10 resize frames kept from start-up that way, with
+/// `_PyObject_GC_Resize`); without this its new block was recorded by the preloaded `realloc`
+/// and the object again by the wrapper, two live records over the same bytes.
 #[inline(always)]
 fn py_realloc_closed(t: &Tls, ptr: *mut u8, r: Option<u64>) -> Option<u64> {
-    if let (Some(size), true) = (r, t.py_realloc.get() == ptr as u64) {
-        t.py_closed.set(size);
-        t.py_skip.set(true);
+    let (wrapped, p) = (t.py_realloc.get(), ptr as u64);
+    if let Some(size) = r {
+        if wrapped != 0 && (wrapped == p || (wrapped > p && wrapped - p < size)) {
+            t.py_closed.set(size - (wrapped - p));
+            t.py_skip.set(true);
+        }
     }
     r
 }

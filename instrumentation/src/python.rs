@@ -3,7 +3,9 @@
 //! * **Detection** ([`detect`], from the preload constructor and after each `dlopen`): the
 //!   interpreter's symbols are looked up with `dlsym` (a static `python3` exports them, a
 //!   shared `libpython` too); CPython 3.11, 3.12 and 3.13 (not free-threaded) are supported.
-//!   A process without them is left alone: its allocations cost one relaxed load more.
+//!   CPython 3.6 to 3.10 (`Py_GetVersion()`) get their objects recorded with native stacks
+//!   only ([`OBJECTS_ONLY`]: their frame layouts are not read). A process without them is left
+//!   alone: its allocations cost one relaxed load more.
 //! * **Installation** ([`poll`], on an allocation): once `Py_IsInitialized()` and the calling
 //!   thread holds the GIL (`PyGILState_Check()`), the MEM and OBJ allocator domains are wrapped
 //!   (`PyMem_GetAllocator`/`PyMem_SetAllocator`, as CPython's `Doc/c-api/memory.rst` allows
@@ -53,6 +55,9 @@ const DETECTED: u8 = 2;
 const INSTALLING: u8 = 3;
 /// [`STATE`]: the domains are wrapped; stacks get Python frames.
 const ACTIVE: u8 = 4;
+/// [`STATE`]: the domains are wrapped, on a CPython whose frames the shim cannot read
+/// (3.6–3.10): objects are recorded with their native stacks only.
+const OBJECTS_ONLY: u8 = 5;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
@@ -126,6 +131,9 @@ struct Py {
     unicode_type: usize,
     bytes_type: usize,
     off: Offsets,
+    /// Whether `off` holds the layout of this version's frames (3.11–3.13); otherwise (3.6–3.10)
+    /// only the allocator domains are wrapped ([`OBJECTS_ONLY`]).
+    frames: bool,
     /// The RAW domain's allocator as the interpreter starts it, read at detection (before
     /// `Py_Initialize` applies `PYTHONMALLOC` or any hook): `[ctx, malloc, calloc, realloc,
     /// free]`, CPython's own `_PyMem_RawMalloc` family, which calls glibc's (see
@@ -246,7 +254,10 @@ pub fn detect() {
 fn find() -> Option<Py> {
     let version = sym(c"Py_Version");
     if version == 0 {
-        return None;
+        // Before 3.11: no frames, but the allocator domains (`PyMem_SetAllocator`, 3.4+ with
+        // `PyMemAllocatorEx` since 3.5) and `_PyEval_EvalFrameDefault` (3.6+) are there.
+        let minor = older_minor()?;
+        return with_offsets(minor, Offsets::default(), false);
     }
     // SAFETY: `Py_Version` is CPython's `const unsigned long` (3.11+).
     let v: u64 = unsafe { *(version as *const std::ffi::c_ulong) };
@@ -293,6 +304,38 @@ fn find() -> Option<Py> {
         13 => debug_offsets(v)?,
         _ => return None,
     };
+    with_offsets(minor, off, true)
+}
+
+/// CPython 3.6 to 3.10, from `Py_GetVersion()` (`"3.8.18 (default, …) [GCC …]"`), which only
+/// formats compile-time strings into a static buffer and may be called before
+/// `Py_Initialize`; `None` for anything else (no such function, 2.x, 3.5 and older, 3.11+,
+/// which `Py_Version` names).
+fn older_minor() -> Option<u8> {
+    let get = sym(c"Py_GetVersion");
+    if get == 0 {
+        return None;
+    }
+    // SAFETY: `Py_GetVersion` is CPython's `const char *Py_GetVersion(void)` (every 3.x).
+    let get = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> *const i8>(get) };
+    // SAFETY: as above: a pointer to a NUL-terminated static buffer (or null, refused).
+    let text = unsafe { get() };
+    if text.is_null() {
+        return None;
+    }
+    // SAFETY: NUL-terminated (as above); read up to the first bytes that decide.
+    let text = unsafe { std::ffi::CStr::from_ptr(text) }.to_bytes();
+    let rest = text.strip_prefix(b"3.")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > 2 || rest.get(digits) != Some(&b'.') {
+        return None;
+    }
+    let minor: u8 = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    (6..=10).contains(&minor).then_some(minor)
+}
+
+/// The rest of [`find`] for CPython 3.`minor` with frame layout `off` (`frames`: known).
+fn with_offsets(minor: u8, off: Offsets, frames: bool) -> Option<Py> {
     let f = |name: &std::ffi::CStr| Some(sym(name)).filter(|&a| a != 0);
     let eval = f(c"_PyEval_EvalFrameDefault")?;
     // SAFETY: Dl_info is plain data (pointers), valid when zeroed.
@@ -344,6 +387,7 @@ fn find() -> Option<Py> {
             unicode_type: f(c"PyUnicode_Type")?,
             bytes_type: f(c"PyBytes_Type")?,
             off,
+            frames,
         })
     }
 }
@@ -488,7 +532,9 @@ fn try_install(wrappers: &Wrappers) {
     {
         return;
     }
-    codes_table();
+    if py.frames {
+        codes_table();
+    }
     for (domain, orig, wrapper) in [
         (PYMEM_DOMAIN_MEM, &ORIG_MEM, 0usize),
         (PYMEM_DOMAIN_OBJ, &ORIG_OBJ, 1),
@@ -514,7 +560,10 @@ fn try_install(wrappers: &Wrappers) {
             GLIBC_CTX[wrapper].store(ctx as usize, Ordering::Relaxed);
         }
         if domain == PYMEM_DOMAIN_OBJ {
-            CODE_TYPE.store(py.code_type, Ordering::Relaxed);
+            // Code objects' deaths matter only to the memo of Python frames.
+            if py.frames {
+                CODE_TYPE.store(py.code_type, Ordering::Relaxed);
+            }
             OBJ_CTX.store(ctx as usize, Ordering::Relaxed);
         }
         let mut w = PyMemAllocatorEx {
@@ -528,7 +577,7 @@ fn try_install(wrappers: &Wrappers) {
         // API requires of an allocator installed after initialization.
         unsafe { (py.set_allocator)(domain, &mut w) };
     }
-    set_state(ACTIVE);
+    set_state(if py.frames { ACTIVE } else { OBJECTS_ONLY });
 }
 
 /// # Safety
