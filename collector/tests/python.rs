@@ -21,32 +21,40 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
             "skipped: {test} on Debian's 3.11: /usr/bin/python3.11 is missing"
         ));
     }
+    for minor in ["3.11", "3.12", "3.13"] {
+        if let Some(p) = pyenv_python(test, minor) {
+            out.push((format!("pyenv {minor}"), p));
+        }
+    }
+    out
+}
+
+/// pyenv's `pythonMINOR` (`$PYENV_ROOT`, else `~/.pyenv`; not a free-threaded `…t` build), or
+/// `None` with a skip note naming `test`.
+fn pyenv_python(test: &str, minor: &str) -> Option<PathBuf> {
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
         .unwrap_or_default();
-    for minor in ["3.11", "3.12", "3.13"] {
-        let found = std::fs::read_dir(root.join("versions"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{minor}.")) && !n.ends_with('t'))
-            })
-            .map(|p| p.join("bin").join(format!("python{minor}")))
-            .find(|p| p.exists());
-        match found {
-            Some(p) => out.push((format!("pyenv {minor}"), p)),
-            None => skip_note(&format!(
-                "skipped: {test} on CPython {minor}: no pyenv version {minor}.x under {}",
-                root.display()
-            )),
-        }
+    let found = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{minor}.")) && !n.ends_with('t'))
+        })
+        .map(|p| p.join("bin").join(format!("python{minor}")))
+        .find(|p| p.exists());
+    if found.is_none() {
+        skip_note(&format!(
+            "skipped: {test} on CPython {minor}: no pyenv version {minor}.x under {}",
+            root.display()
+        ));
     }
-    out
+    found
 }
 
 /// One sample: its frames (innermost first), whether each is a Python frame, its live blocks
@@ -125,15 +133,35 @@ fn stacks(p: &heapdump_proto::Profile) -> Vec<Stack> {
 /// Writes `src` as `NAME.py` in `dir` and starts it under the shim (no flag, no environment
 /// variable but the test's region directory) until it prints "ready PID".
 fn run_script(py: &Path, dir: &Path, name: &str, src: &str, keep: bool) -> (Running, PathBuf) {
+    let keep: &[(&str, &str)] = if keep { &[("HEAPDUMP_KEEP", "1")] } else { &[] };
+    run_script_with(py, dir, name, src, keep)
+}
+
+/// [`run_script`] with these environment variables set (`PYTHONMALLOC`, …).
+fn run_script_with(
+    py: &Path,
+    dir: &Path,
+    name: &str,
+    src: &str,
+    env: &[(&str, &str)],
+) -> (Running, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let script = dir.join(format!("{name}.py"));
     std::fs::write(&script, src).unwrap();
     let mut cmd = Command::new(py);
-    cmd.arg(&script);
-    if keep {
-        cmd.env("HEAPDUMP_KEEP", "1");
-    }
+    cmd.arg(&script).envs(env.iter().copied());
     (start(cmd, dir, true), script)
+}
+
+/// A script whose function `func` keeps `n` `bytes` objects of `base + i % modulo` bytes of
+/// payload (each block 33 bytes more: header and NUL), then prints "ready PID" and waits.
+fn bytes_script(func: &str, n: usize, base: usize, modulo: usize) -> String {
+    format!(
+        "import os, sys\n\
+         def {func}():\n    out = []\n    for i in range({n}):\n        \
+         out.append(bytes({base} + i % {modulo}))\n    return out\n\
+         held = {func}()\nprint(\"ready\", os.getpid(), flush=True)\nsys.stdin.read()\n"
+    )
 }
 
 fn line_of(src: &str, needle: &str) -> i64 {
@@ -451,17 +479,6 @@ fn python_then_c_extension_then_malloc() {
     }
 }
 
-const SMALL: &str = r#"import os, sys
-def small():
-    out = []
-    for i in range(30000):
-        out.append(bytes(333 + i % 3))
-    return out
-held = small()
-print("ready", os.getpid(), flush=True)
-sys.stdin.read()
-"#;
-
 /// CPython 3.6 to 3.10, whose frames the shim does not read, get their objects recorded all
 /// the same (the allocator domains wrapped, as on 3.11+): the 30,000 `bytes` objects small
 /// enough for pymalloc (366, 367 and 368 bytes: 33 bytes of header and NUL, 10,000 of each
@@ -469,30 +486,8 @@ sys.stdin.read()
 /// Python frame. Before, pymalloc served them unseen: none of these blocks was recorded.
 #[test]
 fn objects_recorded_on_versions_without_frames() {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
-        .unwrap_or_default();
     for minor in ["3.6", "3.7", "3.8", "3.9", "3.10"] {
-        let found = std::fs::read_dir(root.join("versions"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin").join(format!("python{minor}")))
-            .find(|p| {
-                p.exists()
-                    && p.parent()
-                        .and_then(|b| b.parent())
-                        .and_then(|v| v.file_name())
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with(&format!("{minor}.")))
-            });
-        let Some(py) = found else {
-            skip_note(&format!(
-                "skipped: objects_recorded_on_versions_without_frames on CPython {minor}: no \
-                 pyenv version {minor}.x under {}",
-                root.display()
-            ));
+        let Some(py) = pyenv_python("objects_recorded_on_versions_without_frames", minor) else {
             continue;
         };
         for debug in [false, true] {
@@ -507,15 +502,13 @@ fn objects_recorded_on_versions_without_frames() {
 fn objects_recorded_without_frames(minor: &str, py: &Path, debug: bool) {
     {
         let dir = region_dir("python-small");
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("small.py");
-        std::fs::write(&script, SMALL).unwrap();
-        let mut cmd = Command::new(py);
-        cmd.arg(&script);
-        if debug {
-            cmd.env("PYTHONMALLOC", "debug");
-        }
-        let r = start(cmd, &dir, true);
+        let env: &[(&str, &str)] = if debug {
+            &[("PYTHONMALLOC", "debug")]
+        } else {
+            &[]
+        };
+        let small = bytes_script("small", 30_000, 333, 3);
+        let (r, _) = run_script_with(py, &dir, "small", &small, env);
         let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
         let minor = format!("{minor}, PYTHONMALLOC=debug {debug}");
         for size in [366, 367, 368] {
@@ -544,17 +537,6 @@ fn objects_recorded_without_frames(minor: &str, py: &Path, debug: bool) {
     }
 }
 
-const LARGE: &str = r#"import os, sys
-def big():
-    out = []
-    for i in range(1000):
-        out.append(bytes(10000 + i % 7))
-    return out
-held = big()
-print("ready", os.getpid(), flush=True)
-sys.stdin.read()
-"#;
-
 /// An object too large for pymalloc (the OBJ domain passes it to `malloc`) is one block, not
 /// two: exactly 1,000 blocks of 10,000 bytes or more under `big`, each of its exact size
 /// (`bytes` header + payload + NUL), with pymalloc and with `PYTHONMALLOC=malloc`.
@@ -563,15 +545,13 @@ fn large_objects_recorded_once() {
     for (label, py) in pythons("large_objects_recorded_once") {
         for malloc in [false, true] {
             let dir = region_dir("python-large");
-            std::fs::create_dir_all(&dir).unwrap();
-            let script = dir.join("large.py");
-            std::fs::write(&script, LARGE).unwrap();
-            let mut cmd = Command::new(&py);
-            cmd.arg(&script);
-            if malloc {
-                cmd.env("PYTHONMALLOC", "malloc");
-            }
-            let r = start(cmd, &dir, true);
+            let env: &[(&str, &str)] = if malloc {
+                &[("PYTHONMALLOC", "malloc")]
+            } else {
+                &[]
+            };
+            let large = bytes_script("big", 1000, 10_000, 7);
+            let (r, _) = run_script_with(&py, &dir, "large", &large, env);
             let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
             let large: Vec<&Stack> = st
                 .iter()

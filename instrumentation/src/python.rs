@@ -573,8 +573,7 @@ fn try_install(wrappers: &Wrappers) {
             realloc: Some(wrappers.realloc),
             free: Some(wrappers.free),
         };
-        // SAFETY: as above; the wrappers forward every call to the saved original, as the
-        // API requires of an allocator installed after initialization.
+        // SAFETY: as above; the wrappers forward each call to the saved original (the API's rule).
         unsafe { (py.set_allocator)(domain, &mut w) };
     }
     set_state(if py.frames { ACTIVE } else { OBJECTS_ONLY });
