@@ -4,8 +4,10 @@
 //! native ones that blazesym resolves. Everything that names frames (pprof, flame graphs,
 //! `top`, `leaks`, `retainers`, DevTools, captures) goes through [`resolve`].
 //!
-//! Lines come from the code object's location table (`co_linetable`, CPython's
-//! `Objects/locations.md`, the format of 3.11 to 3.13), recorded with the name.
+//! Lines come from the code object's line table, recorded with the name, in the format of
+//! the record's CPython version ([`line_in`]): the location table of 3.11 to 3.13
+//! (`co_linetable`, CPython's `Objects/locations.md`), 3.10's `co_linetable` and 3.6–3.9's
+//! `co_lnotab` (both in that version's `Objects/lnotab_notes.txt`).
 
 use crate::symbolize::{self, Frame, Resolved};
 use std::collections::HashMap;
@@ -52,7 +54,7 @@ impl Codes {
                     c.qualname.clone()
                 },
                 file: c.filename.clone(),
-                line: line_of(&c.linetable, c.first_line, index).unwrap_or(c.first_line),
+                line: line_in(c, index).unwrap_or(c.first_line),
             },
             None => Frame {
                 function: "(unknown Python code)".to_owned(),
@@ -160,6 +162,61 @@ pub fn resolve(
         );
     }
     out
+}
+
+/// The line of code unit `index` of code record `c`, decoded as its CPython version wrote its
+/// table; `None` for an instruction without a line, an index past the table (or `u32::MAX`:
+/// none known), or a malformed table.
+pub fn line_in(c: &PythonCode, index: u32) -> Option<u32> {
+    if index == u32::MAX {
+        return None;
+    }
+    match c.minor {
+        6..=9 => lnotab_line(&c.linetable, c.first_line, index),
+        10 => linetable_310_line(&c.linetable, c.first_line, index),
+        _ => line_of(&c.linetable, c.first_line, index),
+    }
+}
+
+/// CPython 3.6–3.9's `co_lnotab`: pairs of (bytecode offset increment, line increment as a
+/// signed byte), offsets in bytes (two a code unit); the line of an offset is the first line
+/// plus the line increments of every pair whose offset is at or before it (`PyCode_Addr2Line`).
+fn lnotab_line(table: &[u8], first_line: u32, index: u32) -> Option<u32> {
+    let at = u64::from(index) * 2;
+    let mut line = i64::from(first_line);
+    let mut offset = 0u64;
+    for pair in table.chunks_exact(2) {
+        offset += u64::from(pair[0]);
+        if offset > at {
+            break;
+        }
+        line += i64::from(pair[1] as i8);
+    }
+    u32::try_from(line).ok()
+}
+
+/// CPython 3.10's `co_linetable`: pairs of (length in bytes, line increment as a signed byte,
+/// -128: no line), each describing the next range of bytecode; the line of a range is the
+/// first line plus the increments so far (`Objects/lnotab_notes.txt`, `_PyCode_CheckLineNumber`).
+fn linetable_310_line(table: &[u8], first_line: u32, index: u32) -> Option<u32> {
+    let at = u64::from(index) * 2;
+    let mut line = i64::from(first_line);
+    let mut end = 0u64;
+    for pair in table.chunks_exact(2) {
+        let start = end;
+        end += u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let here = if delta == -128 {
+            None
+        } else {
+            line += i64::from(delta);
+            Some(line)
+        };
+        if at >= start && at < end {
+            return here.and_then(|l| u32::try_from(l).ok());
+        }
+    }
+    None
 }
 
 /// The line of code unit `index` in a CPython 3.11+ location table starting at `first_line`;
@@ -302,6 +359,55 @@ mod tests {
         );
         assert_eq!(stacks[&2], unknown_record);
         assert_eq!(stacks[&3], native_only);
+    }
+
+    /// The tables CPython 3.6, 3.8 and 3.10 compiled for
+    /// `def f(n):\n    x = []\n    for i in range(n):\n        x.append(i)\n\n    y = [\n        1,\n        2]\n    return x\n`
+    /// (first line 2), against the line of each code unit that the interpreter itself gives
+    /// (`dis.findlinestarts` on 3.6–3.9, `co_lines()` on 3.10): 3.8 and 3.10 go back from
+    /// line 9 to 7 (a negative increment).
+    #[test]
+    fn lines_of_older_tables() {
+        let record = |minor: u8, table: &[u8]| PythonCode {
+            address: 0x9000,
+            qualname: "f".into(),
+            filename: "/t.py".into(),
+            first_line: 2,
+            linetable: table.to_vec(),
+            minor,
+            truncated: false,
+        };
+        let cases: [(u8, &[u8], &[u32]); 3] = [
+            (
+                6,
+                &[0, 1, 4, 1, 14, 1, 14, 3, 2, 1, 6, 1],
+                &[
+                    3, 3, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 8, 9, 9, 9, 10, 10,
+                ],
+            ),
+            (
+                8,
+                &[0, 1, 4, 1, 12, 1, 12, 3, 2, 1, 2, 254, 4, 3],
+                &[3, 3, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 8, 9, 7, 7, 10, 10],
+            ),
+            (
+                10,
+                &[4, 1, 12, 1, 12, 1, 2, 3, 2, 1, 4, 254, 4, 3],
+                &[3, 3, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 8, 9, 7, 7, 10, 10],
+            ),
+        ];
+        for (minor, table, lines) in cases {
+            let c = record(minor, table);
+            let got: Vec<u32> = (0..lines.len() as u32)
+                .map(|i| line_in(&c, i).unwrap())
+                .collect();
+            assert_eq!(got, lines, "3.{minor}");
+            assert_eq!(line_in(&c, u32::MAX), None, "3.{minor}");
+        }
+        // 3.10: past the table, and a range without a line (-128).
+        assert_eq!(line_in(&record(10, &[4, 1]), 2), None);
+        assert_eq!(line_in(&record(10, &[4, 1, 2, 0x80]), 2), None);
+        assert_eq!(line_in(&record(10, &[4, 1, 2, 0x80, 2, 1]), 3), Some(4));
     }
 
     /// The table CPython 3.11 compiles for

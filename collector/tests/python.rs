@@ -1,7 +1,8 @@
 //! CPython under the shim with no flag and no environment variable: every object allocation
 //! recorded (the MEM and OBJ allocator domains wrapped, pymalloc kept), and Python frames
 //! (function, file, line) spliced into the native stacks, on each CPython found here (Debian's
-//! 3.11, pyenv's 3.11, 3.12 and 3.13; a missing one is skipped with a printed reason).
+//! 3.11, pyenv's 3.11, 3.12 and 3.13, and for the tests that say so pyenv's 3.6 to 3.10; a
+//! missing one is skipped with a printed reason).
 
 mod common;
 
@@ -27,6 +28,27 @@ fn pythons(test: &str) -> Vec<(String, PathBuf)> {
         }
     }
     out
+}
+
+/// pyenv's CPython 3.6 to 3.10, whose frames are `PyFrameObject`s: (label, executable).
+fn older_pythons(test: &str) -> Vec<(String, PathBuf)> {
+    OLDER
+        .iter()
+        .filter_map(|&minor| pyenv_python(test, minor).map(|p| (format!("pyenv {minor}"), p)))
+        .collect()
+}
+
+const OLDER: [&str; 5] = ["3.6", "3.7", "3.8", "3.9", "3.10"];
+
+/// The name a function of qualified name `q` has in `label`'s stacks: 3.6–3.10 keep no
+/// qualified name in the code object, only `co_name` (`Thread.run` is `run`), as py-spy shows
+/// them too.
+fn named<'q>(label: &str, q: &'q str) -> &'q str {
+    if OLDER.iter().any(|m| label == format!("pyenv {m}")) {
+        q.rsplit('.').next().unwrap_or(q)
+    } else {
+        q
+    }
 }
 
 /// pyenv's `pythonMINOR` (`$PYENV_ROOT`, else `~/.pyenv`; not a free-threaded `…t` build), or
@@ -192,7 +214,8 @@ sys.stdin.read()
 /// post-mortem (the region kept after exit).
 #[test]
 fn objects_under_their_function_and_caller_on_each_version() {
-    for (label, py) in pythons("objects_under_their_function_and_caller_on_each_version") {
+    let test = "objects_under_their_function_and_caller_on_each_version";
+    for (label, py) in pythons(test).into_iter().chain(older_pythons(test)) {
         let dir = region_dir("python-objects");
         let (r, script) = run_script(&py, &dir, "objects", OBJECTS, true);
         let pid = r.pid();
@@ -223,7 +246,11 @@ fn objects_under_their_function_and_caller_on_each_version() {
             .unwrap();
         let build = s.position("build").unwrap();
         let eval = s.position("_PyEval_EvalFrameDefault").unwrap();
-        let main = s.position("Py_BytesMain").unwrap();
+        // 3.6 enters by `Py_Main`, 3.7 by `_Py_UnixMain`.
+        let main = ["Py_BytesMain", "_Py_UnixMain", "Py_Main"]
+            .iter()
+            .find_map(|m| s.position(m))
+            .unwrap_or_else(|| panic!("{label}: no main: {s:#?}"));
         assert!(build < eval && eval < main, "{label}: {s:#?}");
         assert_eq!(
             s.frames[build].1,
@@ -310,7 +337,8 @@ for t in ts:
 /// (`fill ← worker_X ← Thread.run ← …`), on its own thread.
 #[test]
 fn threads_each_with_their_own_python_stack() {
-    for (label, py) in pythons("threads_each_with_their_own_python_stack") {
+    let test = "threads_each_with_their_own_python_stack";
+    for (label, py) in pythons(test).into_iter().chain(older_pythons(test)) {
         let dir = region_dir("python-threads");
         let (r, _) = run_script(&py, &dir, "threads", THREADS, false);
         let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
@@ -318,14 +346,16 @@ fn threads_each_with_their_own_python_stack() {
         for w in ["worker_a", "worker_b"] {
             let mine: Vec<&Stack> = st
                 .iter()
-                .filter(|s| s.blocks > 0 && s.starts_with(&["fill", w, "Thread.run"]))
+                .filter(|s| {
+                    s.blocks > 0 && s.starts_with(&["fill", w, named(&label, "Thread.run")])
+                })
                 .collect();
             let n: i64 = mine.iter().map(|s| s.blocks).sum();
             assert!(n >= 20_000, "{label}: {n} blocks under fill ← {w}");
             for s in &mine {
                 assert_eq!(
                     s.chain().last(),
-                    Some(&"Thread._bootstrap"),
+                    Some(&named(&label, "Thread._bootstrap")),
                     "{label}: {:?}",
                     s.chain()
                 );
@@ -372,10 +402,16 @@ sys.stdin.read()
 "#;
 
 /// A generator's objects under `gen ← consume ← <module>`; an asyncio task's under
-/// `produce`, driven by the event loop, down to `<module>`.
+/// `produce`, driven by the event loop, down to `<module>` (also on 3.7–3.10, whose resumed
+/// generator frames take the resuming frame as their `f_back`).
 #[test]
 fn generator_and_asyncio_task() {
-    for (label, py) in pythons("generator_and_asyncio_task") {
+    let test = "generator_and_asyncio_task";
+    // `asyncio.run` and `create_task` are 3.7+.
+    let older = older_pythons(test)
+        .into_iter()
+        .filter(|(l, _)| l != "pyenv 3.6");
+    for (label, py) in pythons(test).into_iter().chain(older) {
         let dir = region_dir("python-gen");
         let (r, _) = run_script(&py, &dir, "gen", GENERATORS, false);
         let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
@@ -384,8 +420,11 @@ fn generator_and_asyncio_task() {
         // The task's body runs from the event loop (a step called by `Handle._run`), not
         // from `main`, which awaits it (only the coroutine object is made under `main`).
         let n = sum(&st, |s| {
-            s.starts_with(&["produce", "Handle._run", "BaseEventLoop._run_once"])
-                && s.chain().last() == Some(&"<module>")
+            s.starts_with(&[
+                "produce",
+                named(&label, "Handle._run"),
+                named(&label, "BaseEventLoop._run_once"),
+            ]) && s.chain().last() == Some(&"<module>")
         });
         assert!(
             n >= 20_000,
@@ -417,7 +456,8 @@ sys.stdin.read()
 /// as it was: both allocations exactly under `catcher ← <module>`, on their lines.
 #[test]
 fn exception_caught_between_allocations() {
-    for (label, py) in pythons("exception_caught_between_allocations") {
+    let test = "exception_caught_between_allocations";
+    for (label, py) in pythons(test).into_iter().chain(older_pythons(test)) {
         let dir = region_dir("python-exc");
         let (r, _) = run_script(&py, &dir, "exc", EXCEPTIONS, false);
         let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
@@ -479,62 +519,63 @@ fn python_then_c_extension_then_malloc() {
     }
 }
 
-/// CPython 3.6 to 3.10, whose frames the shim does not read, get their objects recorded all
-/// the same (the allocator domains wrapped, as on 3.11+): the 30,000 `bytes` objects small
-/// enough for pymalloc (366, 367 and 368 bytes: 33 bytes of header and NUL, 10,000 of each
-/// size) are live blocks of their exact sizes, under the eval loop's native frame, with no
-/// Python frame. Before, pymalloc served them unseen: none of these blocks was recorded.
+/// CPython 3.6 to 3.10 (frames are `PyFrameObject`s, line tables `co_lnotab` or 3.10's
+/// `co_linetable`): the 30,000 `bytes` objects small enough for pymalloc (366, 367 and 368
+/// bytes: 33 bytes of header and NUL, 10,000 of each size) are live blocks of their exact
+/// sizes under exactly `small ← <module>`, on the line that makes them, in the script's file,
+/// with pymalloc and with CPython's debug hooks (`PYTHONMALLOC=debug`, whose frames kept from
+/// start-up are resized on these versions: the snapshot, which fails on a damaged region,
+/// must find no two live records over one block). Before, these versions had no Python frame
+/// (every stack ended in `_PyEval_EvalFrameDefault`), and before that pymalloc served these
+/// objects unseen.
 #[test]
-fn objects_recorded_on_versions_without_frames() {
-    for minor in ["3.6", "3.7", "3.8", "3.9", "3.10"] {
-        let Some(py) = pyenv_python("objects_recorded_on_versions_without_frames", minor) else {
-            continue;
-        };
+fn objects_and_frames_on_older_versions() {
+    for (label, py) in older_pythons("objects_and_frames_on_older_versions") {
         for debug in [false, true] {
-            objects_recorded_without_frames(minor, &py, debug);
+            objects_and_frames_on(&label, &py, debug);
         }
     }
 }
 
-/// One run of [`objects_recorded_on_versions_without_frames`]; `debug`: with CPython's debug
-/// hooks (`PYTHONMALLOC=debug`), whose frames kept from start-up are resized on 3.6–3.10: the
-/// snapshot (which fails on a damaged region) must find no two live records over one block.
-fn objects_recorded_without_frames(minor: &str, py: &Path, debug: bool) {
-    {
-        let dir = region_dir("python-small");
-        let env: &[(&str, &str)] = if debug {
-            &[("PYTHONMALLOC", "debug")]
-        } else {
-            &[]
-        };
-        let small = bytes_script("small", 30_000, 333, 3);
-        let (r, _) = run_script_with(py, &dir, "small", &small, env);
-        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
-        let minor = format!("{minor}, PYTHONMALLOC=debug {debug}");
-        for size in [366, 367, 368] {
-            let of_size: Vec<&Stack> = st
-                .iter()
-                .filter(|s| s.blocks > 0 && s.bytes == s.blocks * size)
-                .collect();
-            let under_eval: i64 = of_size
-                .iter()
-                .filter(|s| s.position("_PyEval_EvalFrameDefault").is_some())
-                .map(|s| s.blocks)
-                .sum();
-            let all: i64 = of_size.iter().map(|s| s.blocks).sum();
-            // A few blocks of these sizes may be the interpreter's own.
-            assert!(
-                (10_000..=10_020).contains(&under_eval) && all - under_eval <= 20,
-                "{minor}: {under_eval} blocks of {size} bytes under the eval loop, {all} in all"
-            );
-        }
+/// One run of [`objects_and_frames_on_older_versions`].
+fn objects_and_frames_on(label: &str, py: &Path, debug: bool) {
+    let dir = region_dir("python-small");
+    let env: &[(&str, &str)] = if debug {
+        &[("PYTHONMALLOC", "debug")]
+    } else {
+        &[]
+    };
+    let small = bytes_script("small", 30_000, 333, 3);
+    let (r, script) = run_script_with(py, &dir, "small", &small, env);
+    let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+    let label = format!("{label}, PYTHONMALLOC=debug {debug}");
+    let line = line_of(&small, "out.append(bytes(");
+    for size in [366, 367, 368] {
+        let of_size: Vec<&Stack> = st
+            .iter()
+            .filter(|s| s.blocks > 0 && s.bytes == s.blocks * size)
+            .collect();
+        let mine: Vec<&&Stack> = of_size
+            .iter()
+            .filter(|s| s.chain() == ["small", "<module>"] && s.py_line() == line)
+            .collect();
+        let n: i64 = mine.iter().map(|s| s.blocks).sum();
+        let all: i64 = of_size.iter().map(|s| s.blocks).sum();
+        // A few blocks of these sizes may be the interpreter's own.
         assert!(
-            st.iter().all(|s| s.chain().is_empty()),
-            "{minor}: Python frames where the shim reads none"
+            n == 10_000 && all - n <= 20,
+            "{label}: {n} blocks of {size} bytes under small ← <module> at line {line}, \
+             {all} in all"
         );
-        assert_eq!(r.finish(), 0);
-        eprintln!("CPython {minor}: 30,000 small objects recorded");
+        for s in mine {
+            let small = s.position("small").unwrap();
+            let eval = s.position("_PyEval_EvalFrameDefault").unwrap();
+            assert!(small < eval, "{label}: {s:#?}");
+            assert_eq!(s.frames[small].1, script.to_str().unwrap(), "{label}");
+        }
     }
+    assert_eq!(r.finish(), 0);
+    eprintln!("{label}: 30,000 small objects under small ← <module>, line {line}");
 }
 
 /// An object too large for pymalloc (the OBJ domain passes it to `malloc`) is one block, not
@@ -595,10 +636,12 @@ sys.stdin.read()
 /// keep their own names: 300 functions `f0`..`f299`, each called once and then freed, each
 /// allocating one `bytes` of 20,000 + i bytes. Every such block must be under its own `f{i}`
 /// (the script prints how many distinct code addresses it saw, which must be fewer than 300
-/// for the test to show anything), with pymalloc and with `PYTHONMALLOC=malloc`.
+/// for the test to show anything), with pymalloc and with `PYTHONMALLOC=malloc`, on 3.6–3.10
+/// too (their code objects are also freed by `PyObject_Free`, not tracked by the GC).
 #[test]
 fn reborn_code_objects_keep_their_names() {
-    for (label, py) in pythons("reborn_code_objects_keep_their_names") {
+    let test = "reborn_code_objects_keep_their_names";
+    for (label, py) in pythons(test).into_iter().chain(older_pythons(test)) {
         for malloc in [false, true] {
             let dir = region_dir("python-reborn");
             std::fs::create_dir_all(&dir).unwrap();
@@ -617,7 +660,9 @@ fn reborn_code_objects_keep_their_names() {
             );
             let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
             let mut found = vec![0i64; 300];
-            for s in &st {
+            // Live blocks only (3.6 also allocates and frees a string under `f0`, looking up
+            // `__bytes__` the first time).
+            for s in st.iter().filter(|s| s.blocks > 0) {
                 let Some(name) = s.chain().first().copied() else {
                     continue;
                 };

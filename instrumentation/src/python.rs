@@ -2,10 +2,9 @@
 //!
 //! * **Detection** ([`detect`], from the preload constructor and after each `dlopen`): the
 //!   interpreter's symbols are looked up with `dlsym` (a static `python3` exports them, a
-//!   shared `libpython` too); CPython 3.11, 3.12 and 3.13 (not free-threaded) are supported.
-//!   CPython 3.6 to 3.10 (`Py_GetVersion()`) get their objects recorded with native stacks
-//!   only ([`OBJECTS_ONLY`]: their frame layouts are not read). A process without them is left
-//!   alone: its allocations cost one relaxed load more.
+//!   shared `libpython` too); CPython 3.6 to 3.13 (not free-threaded) are supported, 3.6 to
+//!   3.10 found by `Py_GetVersion()` (they have no `Py_Version`). A process without them is
+//!   left alone: its allocations cost one relaxed load more.
 //! * **Installation** ([`poll`], on an allocation): once `Py_IsInitialized()` and the calling
 //!   thread holds the GIL (`PyGILState_Check()`), the MEM and OBJ allocator domains are wrapped
 //!   (`PyMem_GetAllocator`/`PyMem_SetAllocator`, as CPython's `Doc/c-api/memory.rst` allows
@@ -19,10 +18,10 @@
 //!   pymalloc handed out before are unknown frees (ignored).
 //! * **Frames** ([`splice`], on every recorded allocation once installed): the calling thread's
 //!   frame chain (`PyGILState_GetThisThreadState()`, then `cframe->current_frame` on 3.11 and
-//!   3.12, `current_frame` on 3.13 from `_Py_DebugOffsets`) is read and each native frame of
-//!   `_PyEval_EvalFrameDefault` gets the Python frames of its run spliced in below it (3.11:
-//!   up to the frame marked `is_entry`; 3.12+: up to the C-stack-owned shim frame), as py-spy
-//!   and memray do. A Python frame is stored as [`vmo_layout::v1::PYTHON_FRAME`]: its code
+//!   3.12, `current_frame` on 3.13 from `_Py_DebugOffsets`, `frame` on 3.6–3.10) is read and
+//!   each native frame of `_PyEval_EvalFrameDefault` gets the Python frames of its run spliced
+//!   in below it (3.11: up to the frame marked `is_entry`; 3.12+: up to the C-stack-owned shim
+//!   frame; 3.6–3.10: one `PyFrameObject` a run, linked by `f_back`), as py-spy and memray do. A Python frame is stored as [`vmo_layout::v1::PYTHON_FRAME`]: its code
 //!   record (qualified name, file, first line, line table — written to the region the first
 //!   time the code object is seen, so post-mortem snapshots keep names) and the instruction
 //!   executing.
@@ -55,8 +54,8 @@ const DETECTED: u8 = 2;
 const INSTALLING: u8 = 3;
 /// [`STATE`]: the domains are wrapped; stacks get Python frames.
 const ACTIVE: u8 = 4;
-/// [`STATE`]: the domains are wrapped, on a CPython whose frames the shim cannot read
-/// (3.6–3.10): objects are recorded with their native stacks only.
+/// [`STATE`]: the domains are wrapped, on a CPython whose frames the shim cannot read (a 3.6–3.10
+/// that exports no `PyFrame_Type`): objects are recorded with their native stacks only.
 const OBJECTS_ONLY: u8 = 5;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
@@ -110,6 +109,49 @@ struct Offsets {
     /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
     ascii_size: usize,
     compact_size: usize,
+    /// 3.6–3.10: frames are `PyFrameObject`s (`f_back`, `f_code`, `f_lasti` as an `int`), one
+    /// per run of the eval loop; each is checked to be of `PyFrame_Type` (the word at 8, read
+    /// where 3.11+ read `owner`) before its fields are used. `f_instr` is then `f_lasti`'s
+    /// offset, `co_qualname` that of `co_name` (these versions keep no qualified name in the
+    /// code object) and `co_linetable` that of `co_lnotab` (3.6–3.9) or `co_linetable` (3.10).
+    frame_objects: bool,
+    /// 3.6–3.9: `f_lasti` counts bytes (two a code unit); 3.10 counts code units.
+    lasti_bytes: bool,
+}
+
+/// The frame and code object layouts of CPython 3.6 to 3.10 (x86-64 and aarch64, LP64): from
+/// their `Include/frameobject.h`, `Include/code.h` (`Include/cpython/…` in 3.8+) and
+/// `Include/cpython/pystate.h`, checked against the official builds of 3.6.15, 3.7.16,
+/// 3.8.18, 3.9.18 and 3.10.13 by reading live frames and code objects with `ctypes`.
+/// `PyThreadState.frame` is at 24 and `f_back`, `f_code` at 24, 32 in all of them; the
+/// strings are laid out as in 3.11 (`PyASCIIObject` 48 bytes, `PyCompactUnicodeObject` 72).
+fn older_offsets(minor: u8) -> Option<Offsets> {
+    // (f_lasti, co_filename, co_name, co_lnotab or co_linetable, co_firstlineno)
+    let (lasti, filename, name, table, first) = match minor {
+        6 => (120, 96, 104, 112, 36),
+        7 => (104, 96, 104, 112, 36),
+        8 | 9 => (104, 104, 112, 120, 40),
+        10 => (96, 104, 112, 120, 40),
+        _ => return None,
+    };
+    Some(Offsets {
+        cframe: None,
+        current_frame: 24,
+        f_code: 32,
+        f_previous: 24,
+        f_instr: lasti,
+        f_owner: 8,
+        f_is_entry: None,
+        co_adaptive: 0,
+        co_qualname: name,
+        co_filename: filename,
+        co_firstlineno: first,
+        co_linetable: table,
+        ascii_size: 48,
+        compact_size: 72,
+        frame_objects: true,
+        lasti_bytes: minor < 10,
+    })
 }
 
 /// `FRAME_OWNED_BY_CSTACK` (3.12+).
@@ -130,9 +172,11 @@ struct Py {
     code_type: usize,
     unicode_type: usize,
     bytes_type: usize,
+    /// `PyFrame_Type` (0 when not looked for: 3.11+, whose frames are not objects).
+    frame_type: usize,
     off: Offsets,
-    /// Whether `off` holds the layout of this version's frames (3.11–3.13); otherwise (3.6–3.10)
-    /// only the allocator domains are wrapped ([`OBJECTS_ONLY`]).
+    /// Whether `off` holds the layout of this version's frames; otherwise only the allocator
+    /// domains are wrapped ([`OBJECTS_ONLY`]).
     frames: bool,
     /// The RAW domain's allocator as the interpreter starts it, read at detection (before
     /// `Py_Initialize` applies `PYTHONMALLOC` or any hook): `[ctx, malloc, calloc, realloc,
@@ -254,10 +298,13 @@ pub fn detect() {
 fn find() -> Option<Py> {
     let version = sym(c"Py_Version");
     if version == 0 {
-        // Before 3.11: no frames, but the allocator domains (`PyMem_SetAllocator`, 3.4+ with
-        // `PyMemAllocatorEx` since 3.5) and `_PyEval_EvalFrameDefault` (3.6+) are there.
+        // Before 3.11: the allocator domains (`PyMem_SetAllocator`, 3.4+ with
+        // `PyMemAllocatorEx` since 3.5), `_PyEval_EvalFrameDefault` (3.6+) and frame objects.
         let minor = older_minor()?;
-        return with_offsets(minor, Offsets::default(), false);
+        return match older_offsets(minor) {
+            Some(off) => with_offsets(minor, off, true),
+            None => with_offsets(minor, Offsets::default(), false),
+        };
     }
     // SAFETY: `Py_Version` is CPython's `const unsigned long` (3.11+).
     let v: u64 = unsafe { *(version as *const std::ffi::c_ulong) };
@@ -284,6 +331,7 @@ fn find() -> Option<Py> {
             co_linetable: 136,
             ascii_size: 48,
             compact_size: 72,
+            ..Offsets::default()
         },
         12 => Offsets {
             cframe: Some(56),
@@ -300,6 +348,7 @@ fn find() -> Option<Py> {
             co_linetable: 136,
             ascii_size: 40,
             compact_size: 56,
+            ..Offsets::default()
         },
         13 => debug_offsets(v)?,
         _ => return None,
@@ -386,8 +435,14 @@ fn with_offsets(minor: u8, off: Offsets, frames: bool) -> Option<Py> {
             code_type: f(c"PyCode_Type")?,
             unicode_type: f(c"PyUnicode_Type")?,
             bytes_type: f(c"PyBytes_Type")?,
+            frame_type: if off.frame_objects {
+                sym(c"PyFrame_Type")
+            } else {
+                0
+            },
             off,
-            frames,
+            // Frame objects are told by their type: without it, objects only.
+            frames: frames && (!off.frame_objects || sym(c"PyFrame_Type") != 0),
         })
     }
 }
@@ -423,6 +478,7 @@ fn debug_offsets(version: u64) -> Option<Offsets> {
         co_linetable: w(38),
         ascii_size: 40,
         compact_size: 56,
+        ..Offsets::default()
     };
     // Anything beyond a few hundred bytes is not a layout this code understands.
     let all = [
@@ -768,6 +824,19 @@ fn run_frames(
         if let Some(l) = unsafe { log.as_mut() } {
             l.push_frame(cur, word as u64 & owner_mask, prev, code, instr);
         }
+        if o.frame_objects {
+            // 3.6–3.10: a frame object, alone in its run; anything else ends the chain (a
+            // layout that does not fit this build reads no further).
+            next = if word == py.frame_type { prev } else { 0 };
+            if word == py.frame_type && k < MAX_FRAMES {
+                if let Some(x) = python_frame(g, py, memo.as_deref_mut(), deaths, log, code, instr)
+                {
+                    frames[k] = x;
+                    k += 1;
+                }
+            }
+            break;
+        }
         let byte = |at: usize| (word >> ((at & 7) * 8)) as u8;
         let owner = byte(o.f_owner);
         let entry = match entry_at {
@@ -800,6 +869,10 @@ fn run_frames(
 /// `is_entry`. `f_previous`, `f_code` and `f_instr` are pointers, aligned words of their own.
 #[inline(always)]
 fn frame_words(o: &Offsets) -> (usize, u64) {
+    // 3.6–3.10: the frame object's type, whole.
+    if o.frame_objects {
+        return (8, u64::MAX);
+    }
     let word = o.f_owner & !7;
     let byte = |at: usize| 0xffu64 << ((at & 7) * 8);
     let mask = match o.f_is_entry {
@@ -850,13 +923,26 @@ fn python_frame(
             return Some(s.value);
         }
     }
-    // SAFETY: a code object: `ob_size` (16) is its number of code units.
-    let units = unsafe { lrd(log, code, 16) };
-    let base = code + o.co_adaptive;
-    let index = if instr >= base && (instr - base) / 2 < units.min(u32::MAX as usize) {
-        ((instr - base) / 2) as u64
+    let index = if o.frame_objects {
+        // `f_lasti` (the low half of the word read: little-endian), -1 before the first
+        // instruction: then no index (the record's first line).
+        let lasti = instr as u32 as i32;
+        if lasti < 0 {
+            u32::MAX as u64
+        } else if o.lasti_bytes {
+            (lasti / 2) as u64
+        } else {
+            lasti as u64
+        }
     } else {
-        u32::MAX as u64
+        // SAFETY: a code object: `ob_size` (16) is its number of code units.
+        let units = unsafe { lrd(log, code, 16) };
+        let base = code + o.co_adaptive;
+        if instr >= base && (instr - base) / 2 < units.min(u32::MAX as usize) {
+            ((instr - base) / 2) as u64
+        } else {
+            u32::MAX as u64
+        }
     };
     let id = code_id(g, py, code, fingerprint(&ident));
     if id == 0 && !log.is_null() {
