@@ -264,6 +264,84 @@ fn run_warns_when_the_shim_cannot_be_preloaded() {
             suid.display()
         )
     );
+    file_capabilities_warned_for_other_users(&dynamic);
+}
+
+/// A copy of `dynamic` with a file capability (`setcap cap_net_raw+p`): `heapdump run` by
+/// `nobody` warns, and the warning is true (with `HEAPDUMP_KEEP=1` the shim would leave a
+/// region behind: there is none); run by root it neither warns nor goes unrecorded (its
+/// region is there). Needs root (`setcap`, `setpriv`).
+fn file_capabilities_warned_for_other_users(dynamic: &Path) {
+    let base = region_dir("run-caps");
+    std::fs::create_dir_all(&base).unwrap();
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    mode(&base, 0o755);
+    let exe = base.join("caps-nothing");
+    std::fs::copy(dynamic, &exe).unwrap();
+    mode(&exe, 0o755);
+    match Command::new("setcap")
+        .arg("cap_net_raw+p")
+        .arg(&exe)
+        .output()
+    {
+        Ok(o) if o.status.success() => {}
+        other => {
+            skip_note(&format!(
+                "skipped: run_warns_when_the_shim_cannot_be_preloaded (file capabilities): \
+                 setcap failed: {other:?}"
+            ));
+            return;
+        }
+    }
+    // Region directories of their own, owned by the user who runs (the shim refuses others).
+    let (theirs, ours) = (base.join("nobody"), base.join("root"));
+    for d in [&theirs, &ours] {
+        std::fs::create_dir(d).unwrap();
+        mode(d, 0o700);
+    }
+    let path = std::ffi::CString::new(theirs.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; 65534 is `nobody`.
+    assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+    let regions = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(heapdump())
+        .arg("run")
+        .arg("--")
+        .arg(&exe)
+        .env("HEAPDUMP_DIR", &theirs)
+        .env("HEAPDUMP_KEEP", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "heapdump: warning: {} has file capabilities (setcap): the loader ignores \
+             LD_PRELOAD for it when run by a user other than root, so nothing will be recorded",
+            exe.display()
+        )
+    );
+    assert_eq!(
+        regions(&theirs),
+        0,
+        "a region: the shim was loaded after all"
+    );
+    let out = Command::new(heapdump())
+        .arg("run")
+        .arg("--")
+        .arg(&exe)
+        .env("HEAPDUMP_DIR", &ours)
+        .env("HEAPDUMP_KEEP", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), err.as_ref()), (Some(0), ""));
+    assert_eq!(regions(&ours), 1, "root's run of the file left no region");
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[test]

@@ -99,9 +99,12 @@ pub fn run(a: Options) -> Result<()> {
 ///   dynamic loader runs, and only the loader reads `LD_PRELOAD`;
 /// * a set-user-ID or set-group-ID file whose owner or group is not ours: the kernel marks
 ///   the process secure (`AT_SECURE`), and glibc's loader then ignores `LD_PRELOAD` entries
-///   with a slash, as ours has (ld.so(8), "Secure-execution mode").
+///   with a slash, as ours has (ld.so(8), "Secure-execution mode");
+/// * a file with capabilities (`setcap`: a `security.capability` extended attribute) run by a
+///   user other than root: the kernel marks the process secure as its permitted capabilities
+///   grow (capabilities(7); for a real user ID of 0 they do not count), with the same effect.
 ///
-/// `None` when neither holds or the file cannot be read (not found: the spawn reports it);
+/// `None` when none holds or the file cannot be read (not found: the spawn reports it);
 /// a script (`#!`) is not followed to its interpreter. Reads the first 64 KiB at most, where
 /// the ELF header and program headers lie (the layout `object` parses).
 fn preload_ignored(command: &std::ffi::OsStr) -> Option<String> {
@@ -136,6 +139,13 @@ fn preload_ignored(command: &std::ffi::OsStr) -> Option<String> {
             path.display()
         ));
     }
+    if uid != 0 && has_file_capabilities(&path) {
+        return Some(format!(
+            "{} has file capabilities (setcap): the loader ignores LD_PRELOAD for it when run \
+             by a user other than root, so nothing will be recorded",
+            path.display()
+        ));
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
@@ -162,6 +172,26 @@ fn preload_ignored(command: &std::ffi::OsStr) -> Option<String> {
          use HeapdumpAlloc instead: README, \"Rust programs: linking the allocator\")",
         path.display()
     ))
+}
+
+/// Whether `path` carries file capabilities: a non-empty `security.capability` extended
+/// attribute (what `setcap` writes and the kernel reads at `execve`).
+fn has_file_capabilities(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: both names are NUL-terminated; a null buffer of size 0 asks only for the
+    // attribute's size (getxattr(2)).
+    let n = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    n > 0
 }
 
 /// `heapdump run`'s signal forwarding: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
