@@ -400,6 +400,12 @@ pub struct RunArgs {
     /// The shim to preload (default: libheapdump.so next to this executable, or $HEAPDUMP_LIB).
     #[arg(long, value_name = "FILE")]
     pub lib: Option<PathBuf>,
+    /// Leave NODE_OPTIONS alone when the command is node: by default heapdump adds
+    /// --perf-basic-prof --interpreted-frames-native-stack to it, so that JavaScript functions
+    /// have names in the profile (node then writes /tmp/perf-PID.map, removed at a normal exit
+    /// unless --keep).
+    #[arg(long)]
+    pub no_jit_names: bool,
     /// The command and its arguments.
     #[arg(
         required = true,

@@ -363,8 +363,8 @@ fn unnamed_code_warning(
         format!(
             "{what}: node names its JavaScript functions for profilers only when run with \
              --perf-basic-prof --interpreted-frames-native-stack (or with them in \
-             NODE_OPTIONS); heapdump then reads the /tmp/perf-PID.map it writes (README: \
-             Node.js and other JITs)"
+             NODE_OPTIONS, as `heapdump run` starts it); heapdump then reads the \
+             /tmp/perf-PID.map it writes (README: Node.js and other JITs)"
         )
     } else {
         format!(

@@ -181,6 +181,106 @@ fn node_js_functions_named_from_the_perf_map() {
     }
 }
 
+/// `heapdump run -- node …` names JavaScript functions without being asked: it adds the
+/// perf-map flags to `NODE_OPTIONS` (after what the user had there), says so once on stderr,
+/// and removes the perf map at a normal exit. The live profile has every Buffer under
+/// `makeBuffers` and no unnamed-code warning; `--no-jit-names`, or node asked for a perf map
+/// already, leave `NODE_OPTIONS` alone.
+#[test]
+fn heapdump_run_names_node_code_unasked() {
+    let Some(node) = node() else {
+        skip_note("skipped: heapdump_run_names_node_code_unasked: node is not installed");
+        return;
+    };
+    const FLAGS: &str = "--perf-basic-prof --interpreted-frames-native-stack";
+    let dir = region_dir("jit-node-run");
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(heapdump());
+    cmd.arg("run")
+        .arg("--")
+        .arg(&node)
+        .arg(script("make_buffers.js"))
+        .env("NODE_OPTIONS", "--max-old-space-size=300")
+        .current_dir(cwd.path());
+    let r = start(cmd, &dir, false);
+    let pid = r.pid();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let options: Vec<&[u8]> = environ
+        .split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"NODE_OPTIONS="))
+        .collect();
+    assert_eq!(
+        options,
+        vec![format!("--max-old-space-size=300 {FLAGS}").as_bytes()]
+    );
+    let p = decode(&snapshot(&dir, pid, &[]));
+    let (all, unnamed) = unnamed_bytes(&p);
+    assert!(all >= NODE_BYTES, "{all} live bytes");
+    assert_eq!(unnamed_code_warnings(&p), Vec::<String>::new());
+    assert!(unnamed * 100 <= all, "{unnamed} of {all} bytes unnamed");
+    let under = sum_through(&p, "makeBuffers")[3];
+    assert!(
+        under >= NODE_BYTES * 9 / 10,
+        "{under} bytes under makeBuffers"
+    );
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    assert!(map.exists(), "node wrote no perf map");
+    assert_eq!(r.finish(), 0);
+    assert!(
+        !map.exists(),
+        "{} left behind after a normal exit",
+        map.display()
+    );
+    remove_jit_files(pid);
+
+    // What it says, and when it leaves NODE_OPTIONS alone.
+    let run = |args: &[&str], js: &str| {
+        let out = Command::new(heapdump())
+            .arg("run")
+            .args(args)
+            .arg("--")
+            .arg(&node)
+            .args(["-e", js])
+            .env("HEAPDUMP_DIR", &dir)
+            .env_remove("NODE_OPTIONS")
+            .current_dir(cwd.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (said, err) = run(&[], "console.log(process.pid, process.env.NODE_OPTIONS)");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "heapdump: node: NODE_OPTIONS gains {FLAGS}, so that its JavaScript functions have \
+             names (node writes /tmp/perf-PID.map, removed at a normal exit; --no-jit-names \
+             leaves NODE_OPTIONS alone)"
+        )
+    );
+    let (pid, options) = said.split_once(' ').unwrap();
+    assert_eq!(options, FLAGS);
+    assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+    let (said, err) = run(&["--no-jit-names"], "console.log(process.env.NODE_OPTIONS)");
+    assert_eq!((said.as_str(), err.as_str()), ("undefined", ""));
+    let (said, err) = run(
+        &["--keep"],
+        "console.log(process.pid, process.env.NODE_OPTIONS)",
+    );
+    let (pid, options) = said.split_once(' ').unwrap();
+    assert_eq!(options, FLAGS);
+    assert!(
+        err.contains("(node writes /tmp/perf-PID.map; --no-jit-names"),
+        "{err}"
+    );
+    // Kept for the kept region's post-mortem snapshots.
+    assert!(Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+    remove_jit_files(pid.parse().unwrap());
+}
+
 /// The profile's comments that report bytes under generated code without names.
 fn unnamed_code_warnings(p: &Profile) -> Vec<String> {
     p.comment

@@ -12,6 +12,8 @@ pub struct Options {
     pub keep: bool,
     /// The shim to preload (`None`: next to this executable, or `$HEAPDUMP_LIB`).
     pub lib: Option<PathBuf>,
+    /// `--no-jit-names`: never add node's perf-map flags to `NODE_OPTIONS`.
+    pub no_jit_names: bool,
     /// The command and its arguments (at least one element: clap requires it).
     pub command: Vec<OsString>,
 }
@@ -21,6 +23,7 @@ impl From<cli::RunArgs> for Options {
         Options {
             keep: a.keep,
             lib: a.lib,
+            no_jit_names: a.no_jit_names,
             command: a.command,
         }
     }
@@ -72,6 +75,25 @@ pub fn run(a: Options) -> Result<()> {
     if a.keep {
         cmd.env("HEAPDUMP_KEEP", "1");
     }
+    let keep = a.keep || std::env::var_os("HEAPDUMP_KEEP").is_some_and(|v| v == "1");
+    let node_options = if a.no_jit_names {
+        None
+    } else {
+        node_options(&a.command, std::env::var_os("NODE_OPTIONS"))
+    };
+    if let Some(opts) = &node_options {
+        eprintln!(
+            "heapdump: node: NODE_OPTIONS gains {NODE_FLAGS}, so that its JavaScript functions \
+             have names (node writes /tmp/perf-PID.map{}; --no-jit-names leaves NODE_OPTIONS \
+             alone)",
+            if keep {
+                ""
+            } else {
+                ", removed at a normal exit"
+            }
+        );
+        cmd.env("NODE_OPTIONS", opts);
+    }
     // Handlers first (a signal that arrives before the child exists is forwarded once it
     // does); caught dispositions are reset to the default in the child by `execve`.
     forward::install();
@@ -86,11 +108,65 @@ pub fn run(a: Options) -> Result<()> {
     forward::set_child(child.id());
     // `wait` retries when interrupted by a forwarded signal.
     let status = child.wait()?;
+    // The perf map node wrote because of the flags added here: its names serve snapshots of
+    // the running process, and post-mortem ones of a region that outlives it (kept, or left
+    // by a process killed by a signal): removed only when the region is, at a normal exit.
+    if node_options.is_some() && !keep && status.code().is_some() {
+        remove_perf_map(child.id());
+    }
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal() {
         std::process::exit(128 + sig);
     }
     std::process::exit(status.code().unwrap_or(1));
+}
+
+/// The V8 flags that make node publish the names of the code it generates in the perf map
+/// `/tmp/perf-PID.map`, which the collector reads (`perfmap.rs`): `--perf-basic-prof`, and
+/// `--interpreted-frames-native-stack` so that interpreted (Ignition) functions get a code
+/// range of their own too. Both are among the V8 options node accepts in `NODE_OPTIONS`.
+const NODE_FLAGS: &str = "--perf-basic-prof --interpreted-frames-native-stack";
+
+/// `NODE_OPTIONS` for `command` with [`NODE_FLAGS`] added, when it runs node (`node`,
+/// `nodejs`, `node22`: its file name) and neither `current` nor its arguments already ask
+/// node for a perf map or a jitdump (`--perf-basic-prof…`, `--perf-prof…`); else `None`.
+fn node_options(command: &[OsString], current: Option<OsString>) -> Option<OsString> {
+    let name = std::path::Path::new(command.first()?)
+        .file_name()?
+        .to_str()?;
+    let is_node = name == "nodejs"
+        || name
+            .strip_prefix("node")
+            .is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()));
+    if !is_node {
+        return None;
+    }
+    let asks = |s: &str| s.starts_with("--perf-basic-prof") || s.starts_with("--perf-prof");
+    let current = current.unwrap_or_default();
+    let text = current.to_string_lossy();
+    if text.split_ascii_whitespace().any(asks)
+        || command[1..].iter().any(|a| asks(&a.to_string_lossy()))
+    {
+        return None;
+    }
+    let mut out = OsString::from(text.trim());
+    if !out.is_empty() {
+        out.push(" ");
+    }
+    out.push(NODE_FLAGS);
+    Some(out)
+}
+
+/// Removes `/tmp/perf-PID.map` if it is a regular file of ours (node's, written because of
+/// [`NODE_FLAGS`]); anything else there is left alone.
+fn remove_perf_map(pid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.uid() == me) {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// Why the dynamic loader will not load the shim into `command` (looked up in `PATH` as
@@ -262,5 +338,48 @@ mod forward {
             std::io::ErrorKind::PermissionDenied => (126, "Permission denied".into()),
             _ => (126, e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(command: &[&str], current: Option<&str>) -> Option<String> {
+        let command: Vec<OsString> = command.iter().map(OsString::from).collect();
+        node_options(&command, current.map(OsString::from)).map(|o| o.into_string().unwrap())
+    }
+
+    /// Which commands are node, and what their `NODE_OPTIONS` become.
+    #[test]
+    fn node_options_for_node_only_and_after_the_users() {
+        let flags = Some(NODE_FLAGS.to_owned());
+        for node in ["node", "nodejs", "node22", "/usr/local/bin/node"] {
+            assert_eq!(opts(&[node, "app.js"], None), flags, "{node}");
+        }
+        for other in [
+            "nodemon",
+            "node-gyp",
+            "npm",
+            "python3",
+            "/opt/node/bin/deno",
+        ] {
+            assert_eq!(opts(&[other, "app.js"], None), None, "{other}");
+        }
+        assert_eq!(
+            opts(&["node", "app.js"], Some("  --max-old-space-size=300 ")),
+            Some(format!("--max-old-space-size=300 {NODE_FLAGS}"))
+        );
+        assert_eq!(opts(&["node", "app.js"], Some("")), flags);
+        // node asked for a perf map or a jitdump already: left as it is.
+        assert_eq!(opts(&["node", "app.js"], Some("--perf-basic-prof")), None);
+        assert_eq!(opts(&["node", "--perf-prof", "app.js"], None), None);
+        assert_eq!(
+            opts(
+                &["node", "--perf-basic-prof-only-functions", "app.js"],
+                None
+            ),
+            None
+        );
     }
 }
