@@ -821,8 +821,8 @@ fn attach_refuses_a_thread_stuck_in_the_allocator() {
 /// walk records: so the pymalloc walk may find fewer, by at most the blocks above 512 bytes
 /// found before the attach, and more by at most 100 (the interpreter blocked in
 /// `readline` between its count and the attach allocates a few objects). Each of Debian's
-/// python3 and pyenv's 3.11, 3.12 and 3.13 present; 3.10's layout is not recognised, which
-/// the attach says.
+/// python3 and pyenv's 3.6 to 3.13 present (arenas of 256 KiB and pools of 4 KiB before
+/// 3.10); Python 2.7's layout is not recognised, which the attach says.
 #[test]
 fn attach_sees_pymalloc_objects_made_before() {
     let dir = region_dir("attach-pymalloc");
@@ -844,7 +844,9 @@ fn attach_sees_pymalloc_objects_made_before() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| Path::new(&std::env::var("HOME").unwrap_or_default()).join(".pyenv"));
     let mut pythons = vec![std::path::PathBuf::from("/usr/bin/python3")];
-    for v in ["3.11.7", "3.12.1", "3.13.0"] {
+    for v in [
+        "3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0",
+    ] {
         pythons.push(home.join("versions").join(v).join("bin/python3"));
     }
     let mut ran = 0;
@@ -894,15 +896,29 @@ fn attach_sees_pymalloc_objects_made_before() {
         ran += 1;
     }
     assert!(ran > 0, "no python3 found");
-    // 3.10: the layout is not recognised, and the attach says so.
-    let old = home.join("versions/3.10.13/bin/python3");
+    // Python 2.7: the layout is not recognised, and the attach says so.
+    let old = home.join("versions/2.7.18/bin/python2.7");
     if !old.exists() {
         println!(
-            "skipped: attach_sees_pymalloc_objects_made_before (3.10 part): no {}",
+            "skipped: attach_sees_pymalloc_objects_made_before (2.7 part): no {}",
             old.display()
         );
         return;
     }
+    let script = dir.join("hold2.py");
+    std::fs::write(
+        &script,
+        "import os, sys\n\
+         kept = [(i,) for i in range(200000)]\n\
+         sys.stdout.write('ready %d\\n' % os.getpid())\n\
+         sys.stdout.flush()\n\
+         for line in iter(sys.stdin.readline, ''):\n\
+         \x20   if line.startswith('q'):\n\
+         \x20       break\n\
+         sys.stdout.write('bye %d\\n' % len(kept))\n\
+         sys.stdout.flush()\n",
+    )
+    .unwrap();
     let mut cmd = Command::new(&old);
     cmd.arg(&script);
     let mut r = start(cmd, &dir, false);
@@ -923,7 +939,7 @@ fn attach_sees_pymalloc_objects_made_before() {
         "{}",
         t.stdout
     );
-    attach_cmd(&dir, "detach", pid, "3.10");
+    attach_cmd(&dir, "detach", pid, "2.7");
     send(&mut r, "q\n");
     assert_eq!(r.wait_line("bye"), ["200000"]);
     assert_eq!(r.finish(), 0);

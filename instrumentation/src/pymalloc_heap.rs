@@ -3,10 +3,11 @@
 //! attach`: the objects made before the shim was loaded live in pymalloc's own mmapped
 //! arenas, which glibc's heap walk does not see).
 //!
-//! Layout of CPython 3.11, 3.12 and 3.13 (default build, 64-bit; `Objects/obmalloc.c`,
-//! `Include/internal/pycore_obmalloc.h`): arenas of 1 MiB (`ARENA_SIZE`) carved into pools of
-//! 16 KiB (`POOL_SIZE`, both since 3.10), blocks of size classes `16 * (szidx + 1)` up to 512
-//! bytes (`ALIGNMENT` 16, 32 classes).
+//! Layout of CPython 3.6 to 3.13 (default build, 64-bit; `Objects/obmalloc.c`,
+//! `Include/internal/pycore_obmalloc.h` since 3.12): arenas of 1 MiB (`ARENA_SIZE`) carved into
+//! pools of 16 KiB (`POOL_SIZE`) since 3.10, of 256 KiB into pools of 4 KiB before ([`Layout`];
+//! `sys._debugmallocstats()` of each version says so); blocks of size classes
+//! `16 * (szidx + 1)` up to 512 bytes (`ALIGNMENT` 16, 32 classes) in all of them.
 //! - `struct arena_object` (48 bytes): `address` 0 (the arena's mapping, 0 when the entry is
 //!   unused), `pool_address` 8 (the next pool never used), `nfreepools` 16 and `ntotalpools`
 //!   20 (u32), `freepools` 24, `nextarena` 32, `prevarena` 40. The array of them (`arenas`,
@@ -21,16 +22,37 @@
 //!
 //! Every pointer taken from memory is read through the kernel (`process_vm_readv` on this
 //! process: an unmapped address is an error, not a fault) and every structure checked
-//! before it is used: an arena entry (its pools inside its 1 MiB, `ntotalpools` 63 or 64), a
+//! before it is used: an arena entry (its pools inside its arena, `ntotalpools` all of them
+//! or one fewer when the arena is not pool-aligned), a
 //! pool (its arena index, size class, offsets, and `count` + free blocks = blocks below
 //! `nextoffset`, the free list inside the pool without a cycle). A pool that does not check
 //! out is skipped (a thread stopped in the middle of a pymalloc call can leave one so).
 
 use crate::glibc_heap::{Block, Blocks};
 
-const ARENA_SIZE: u64 = 1 << 20;
+/// The largest pool of any version (the pool buffer's and free-block bitmap's size).
 const POOL_SIZE: u64 = 16 << 10;
 const POOL_OVERHEAD: u64 = 48;
+
+/// The arena and pool sizes of one CPython version (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// `ARENA_SIZE`.
+    pub arena: u64,
+    /// `POOL_SIZE`.
+    pub pool: u64,
+}
+
+/// 3.10 to 3.13 (`USE_LARGE_ARENAS`, `USE_LARGE_POOLS` with the radix tree, 64-bit).
+const LARGE: Layout = Layout {
+    arena: 1 << 20,
+    pool: 16 << 10,
+};
+/// 3.6 to 3.9.
+const SMALL: Layout = Layout {
+    arena: 256 << 10,
+    pool: 4 << 10,
+};
 const ARENA_OBJECT: u64 = 48;
 const SIZE_CLASSES: u32 = 32;
 /// Most arena entries checked in one candidate array (1 TiB of arenas).
@@ -77,15 +99,19 @@ fn half(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().unwrap_or([0; 4]))
 }
 
-/// CPython's version (`Py_Version`, 3.11+) as (major, minor), when the process runs CPython.
-/// `Some((0, 0))`: CPython older than 3.11 (it has `Py_GetVersion` but not `Py_Version`).
+/// CPython's version (`Py_Version`, 3.11+; `Py_GetVersion()` for 3.6 to 3.10) as (major,
+/// minor), when the process runs CPython. `Some((0, 0))`: another version with
+/// `Py_GetVersion` (2.x, 3.5 and older).
 pub fn python_version() -> Option<(u32, u32)> {
     // SAFETY: lookups of NUL-terminated names in the global scope.
     let v = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"Py_Version".as_ptr()) } as u64;
     if v == 0 {
         // SAFETY: as above.
         let old = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"Py_GetVersion".as_ptr()) };
-        return (!old.is_null()).then_some((0, 0));
+        if old.is_null() {
+            return None;
+        }
+        return Some(crate::python::older_minor().map_or((0, 0), |m| (3, u32::from(m))));
     }
     let mut b = [0u8; 8];
     if !read(v, &mut b[..std::mem::size_of::<libc::c_ulong>()]) {
@@ -95,9 +121,13 @@ pub fn python_version() -> Option<(u32, u32)> {
     Some((((v >> 24) & 0xff) as u32, ((v >> 16) & 0xff) as u32))
 }
 
-/// Whether pymalloc's layout of CPython `major.minor` is the one this module reads.
-pub fn layout_known(major: u32, minor: u32) -> bool {
-    major == 3 && (11..=13).contains(&minor)
+/// pymalloc's layout of CPython `major.minor`, when this module knows it.
+pub fn layout_of(major: u32, minor: u32) -> Option<Layout> {
+    match (major, minor) {
+        (3, 10..=13) => Some(LARGE),
+        (3, 6..=9) => Some(SMALL),
+        _ => None,
+    }
 }
 
 /// One arena entry that checks out: its index, first pool, end of its used pools.
@@ -110,22 +140,22 @@ struct Arena {
 
 /// Checks the arena entry `e` (48 bytes) at index `i`: `Ok(Some)` a used arena, `Ok(None)`
 /// an unused entry, `Err` not an arena entry.
-fn check_entry(e: &[u8], i: u64) -> Result<Option<Arena>, ()> {
+fn check_entry(l: Layout, e: &[u8], i: u64) -> Result<Option<Arena>, ()> {
     let address = word(e, 0);
     if address == 0 {
         return Ok(None);
     }
     let pool_address = word(e, 8);
     let (nfree, ntotal) = (half(e, 16), half(e, 20));
-    let first_pool = (address + POOL_SIZE - 1) & !(POOL_SIZE - 1);
-    let full = (ARENA_SIZE / POOL_SIZE) as u32 - u32::from(address & (POOL_SIZE - 1) != 0);
-    let end = address.checked_add(ARENA_SIZE).ok_or(())?;
+    let first_pool = address.checked_add(l.pool - 1).ok_or(())? & !(l.pool - 1);
+    let full = (l.arena / l.pool) as u32 - u32::from(address & (l.pool - 1) != 0);
+    let end = address.checked_add(l.arena).ok_or(())?;
     if address & 15 != 0
         || ntotal != full
         || nfree > ntotal
         || pool_address < first_pool
         || pool_address > end
-        || !(pool_address - first_pool).is_multiple_of(POOL_SIZE)
+        || !(pool_address - first_pool).is_multiple_of(l.pool)
         || i >= u32::MAX as u64
     {
         return Err(());
@@ -140,7 +170,7 @@ fn check_entry(e: &[u8], i: u64) -> Result<Option<Arena>, ()> {
 /// The used arenas of the candidate array `b` (a glibc block): empty when it is not
 /// pymalloc's `arenas`. Entries past the array's end (`maxarenas`, a multiple of 16) are
 /// whatever the block holds there.
-fn arenas_of(b: Block, out: &mut crate::glibc_heap::Vecm<Arena>) -> bool {
+fn arenas_of(l: Layout, b: Block, out: &mut crate::glibc_heap::Vecm<Arena>) -> bool {
     let n = (b.size / ARENA_OBJECT).min(MAX_ARENAS);
     if n < 16 {
         return false;
@@ -165,7 +195,7 @@ fn arenas_of(b: Block, out: &mut crate::glibc_heap::Vecm<Arena>) -> bool {
             }
         }
         let e = &batch[(k * ARENA_OBJECT) as usize..((k + 1) * ARENA_OBJECT) as usize];
-        match check_entry(e, i) {
+        match check_entry(l, e, i) {
             Ok(Some(a)) => {
                 // The first pool, when there is one, must name this arena.
                 if a.pool_end > a.first_pool {
@@ -199,8 +229,11 @@ fn truncate(v: &mut crate::glibc_heap::Vecm<Arena>, len: usize) {
 }
 
 /// Pushes the allocated blocks of the pool at `p` of arena `a` into `out` (their size class
-/// sizes); false when the pool does not check out. `buf` holds a pool.
-fn pool(p: u64, a: &Arena, buf: &mut [u8], out: &mut Blocks, found: &mut Found) -> bool {
+/// sizes); false when the pool does not check out. `buf` holds a pool of layout `l`.
+fn pool(l: Layout, p: u64, a: &Arena, buf: &mut [u8], out: &mut Blocks, found: &mut Found) -> bool {
+    let Some(buf) = buf.get_mut(..l.pool as usize) else {
+        return false;
+    };
     if !read(p, buf) {
         return false;
     }
@@ -214,7 +247,7 @@ fn pool(p: u64, a: &Arena, buf: &mut [u8], out: &mut Blocks, found: &mut Found) 
         return false;
     }
     let size = 16 * (szidx as u64 + 1);
-    if maxnext != POOL_SIZE - size
+    if maxnext != l.pool - size
         || next < POOL_OVERHEAD
         || next > maxnext + size
         || !(next - POOL_OVERHEAD).is_multiple_of(size)
@@ -262,16 +295,16 @@ fn pool(p: u64, a: &Arena, buf: &mut [u8], out: &mut Blocks, found: &mut Found) 
 /// found (not CPython, a version whose layout is not known, no arenas).
 pub fn walk(heap: &[Block], out: &mut Blocks) -> Result<Found, &'static str> {
     let (major, minor) = python_version().ok_or("not CPython")?;
-    if !layout_known(major, minor) {
+    let Some(l) = layout_of(major, minor) else {
         return Err(
-            "this CPython's pymalloc layout is not known to heapdump (3.11 to 3.13 are): its \
+            "this CPython's pymalloc layout is not known to heapdump (3.6 to 3.13 are): its \
              objects made before the attach are not recorded",
         );
-    }
+    };
     let mut arenas = crate::glibc_heap::Vecm::new();
     let mut candidates = 0;
     for &b in heap {
-        if b.size >= 16 * ARENA_OBJECT && b.addr & 15 == 0 && arenas_of(b, &mut arenas) {
+        if b.size >= 16 * ARENA_OBJECT && b.addr & 15 == 0 && arenas_of(l, b, &mut arenas) {
             candidates += 1;
         }
     }
@@ -295,10 +328,10 @@ pub fn walk(heap: &[Block], out: &mut Blocks) -> Result<Found, &'static str> {
         found.arenas += 1;
         let mut p = a.first_pool;
         while p < a.pool_end {
-            if !pool(p, a, pool_buf, out, &mut found) {
+            if !pool(l, p, a, pool_buf, out, &mut found) {
                 found.bad_pools += 1;
             }
-            p += POOL_SIZE;
+            p += l.pool;
         }
     }
     // SAFETY: mapped above, no longer used.
@@ -319,72 +352,57 @@ mod tests {
         e
     }
 
-    /// A made-up arena (1 MiB, aligned) whose first pool holds 3 blocks of 32 bytes carved,
-    /// the middle one free; its arenas array (16 entries, the first used) in a Vec.
+    /// A made-up arena of each layout (aligned) whose first pool holds 3 blocks of 32 bytes
+    /// carved, the middle one free; its arenas array (16 entries, the first used) in a Vec.
     #[test]
     fn walks_a_made_up_arena_exactly() {
-        let map = crate::sys::map_anon(2 << 20);
-        assert!(!map.is_null());
-        let arena = ((map as u64) + ARENA_SIZE - 1) & !(ARENA_SIZE - 1);
-        let p = arena;
-        let hdr = |off: u64, v: u64, wide: bool| {
-            // SAFETY: inside the mapping made above.
-            unsafe {
-                if wide {
-                    ((p + off) as *mut u64).write(v)
-                } else {
-                    ((p + off) as *mut u32).write(v as u32)
+        for l in [LARGE, SMALL] {
+            let map = crate::sys::map_anon(2 * l.arena as usize);
+            assert!(!map.is_null());
+            let arena = ((map as u64) + l.arena - 1) & !(l.arena - 1);
+            let p = arena;
+            let hdr = |off: u64, v: u64, wide: bool| {
+                // SAFETY: inside the mapping made above.
+                unsafe {
+                    if wide {
+                        ((p + off) as *mut u64).write(v)
+                    } else {
+                        ((p + off) as *mut u32).write(v as u32)
+                    }
                 }
-            }
-        };
-        hdr(0, 2, false); // count
-        hdr(8, p + 48 + 32, true); // freeblock: block 1
-        hdr(32, 0, false); // arenaindex
-        hdr(36, 1, false); // szidx: 32 bytes
-        hdr(40, 48 + 3 * 32, false); // nextoffset
-        hdr(44, POOL_SIZE - 32, false); // maxnextoffset
-        let mut array = vec![0u8; 16 * 48];
-        array[..48].copy_from_slice(&entry(arena, arena + POOL_SIZE, 64));
-        let b = Block {
-            addr: array.as_ptr() as u64,
-            size: array.len() as u64,
-        };
-        let mut arenas = Vecm::new();
-        assert!(arenas_of(b, &mut arenas));
-        assert_eq!(arenas.as_slice().len(), 1);
-        let mut buf = vec![0u8; POOL_SIZE as usize];
-        let mut out = Blocks::new();
-        let mut found = Found::default();
-        assert!(pool(
-            p,
-            &arenas.as_slice()[0],
-            &mut buf,
-            &mut out,
-            &mut found
-        ));
-        let got: Vec<(u64, u64)> = out.as_slice().iter().map(|b| (b.addr, b.size)).collect();
-        assert_eq!(got, [(p + 48, 32), (p + 48 + 64, 32)]);
-        // A count that does not add up with the free list: the pool is refused.
-        hdr(0, 3, false);
-        assert!(!pool(
-            p,
-            &arenas.as_slice()[0],
-            &mut buf,
-            &mut out,
-            &mut found
-        ));
-        // A free list that loops: refused.
-        hdr(0, 2, false);
-        hdr(48 + 32, p + 48 + 32, true);
-        assert!(!pool(
-            p,
-            &arenas.as_slice()[0],
-            &mut buf,
-            &mut out,
-            &mut found
-        ));
-        // SAFETY: mapped above, no longer used.
-        unsafe { crate::sys::unmap(map, 2 << 20) };
+            };
+            hdr(0, 2, false); // count
+            hdr(8, p + 48 + 32, true); // freeblock: block 1
+            hdr(32, 0, false); // arenaindex
+            hdr(36, 1, false); // szidx: 32 bytes
+            hdr(40, 48 + 3 * 32, false); // nextoffset
+            hdr(44, l.pool - 32, false); // maxnextoffset
+            let mut array = vec![0u8; 16 * 48];
+            array[..48].copy_from_slice(&entry(arena, arena + l.pool, (l.arena / l.pool) as u32));
+            let b = Block {
+                addr: array.as_ptr() as u64,
+                size: array.len() as u64,
+            };
+            let mut arenas = Vecm::new();
+            assert!(arenas_of(l, b, &mut arenas), "{l:?}");
+            assert_eq!(arenas.as_slice().len(), 1);
+            let mut buf = vec![0u8; POOL_SIZE as usize];
+            let mut out = Blocks::new();
+            let mut found = Found::default();
+            let a = arenas.as_slice()[0];
+            assert!(pool(l, p, &a, &mut buf, &mut out, &mut found));
+            let got: Vec<(u64, u64)> = out.as_slice().iter().map(|b| (b.addr, b.size)).collect();
+            assert_eq!(got, [(p + 48, 32), (p + 48 + 64, 32)], "{l:?}");
+            // A count that does not add up with the free list: the pool is refused.
+            hdr(0, 3, false);
+            assert!(!pool(l, p, &a, &mut buf, &mut out, &mut found));
+            // A free list that loops: refused.
+            hdr(0, 2, false);
+            hdr(48 + 32, p + 48 + 32, true);
+            assert!(!pool(l, p, &a, &mut buf, &mut out, &mut found));
+            // SAFETY: mapped above, no longer used.
+            unsafe { crate::sys::unmap(map, 2 * l.arena as usize) };
+        }
     }
 
     /// Entries pointing at memory that is not mapped, or garbage: nothing is taken, and
@@ -394,20 +412,21 @@ mod tests {
         let mut array = vec![0u8; 64 * 48];
         // An arena at an unmapped address (its first pool cannot be read).
         array[..48].copy_from_slice(&entry(1 << 40, (1 << 40) + POOL_SIZE, 64));
+        let l = LARGE;
         let b = Block {
             addr: array.as_ptr() as u64,
             size: array.len() as u64,
         };
         let mut arenas = Vecm::new();
-        assert!(!arenas_of(b, &mut arenas));
+        assert!(!arenas_of(l, b, &mut arenas));
         // Garbage.
         for (i, x) in array.iter_mut().enumerate() {
             *x = (i * 37 % 251) as u8;
         }
-        assert!(!arenas_of(b, &mut arenas));
+        assert!(!arenas_of(l, b, &mut arenas));
         // All zero: no arena.
         array.iter_mut().for_each(|x| *x = 0);
-        assert!(!arenas_of(b, &mut arenas));
+        assert!(!arenas_of(l, b, &mut arenas));
         assert!(arenas.as_slice().is_empty());
         // A pool at an unmapped address.
         let a = Arena {
@@ -418,6 +437,7 @@ mod tests {
         let mut buf = vec![0u8; POOL_SIZE as usize];
         let mut out = Blocks::new();
         assert!(!pool(
+            l,
             1 << 40,
             &a,
             &mut buf,
@@ -430,6 +450,6 @@ mod tests {
             addr: (1 << 40) - 48 * 16,
             size: 48 * 64,
         };
-        assert!(!arenas_of(b, &mut arenas));
+        assert!(!arenas_of(l, b, &mut arenas));
     }
 }

@@ -360,7 +360,7 @@ fn find() -> Option<Py> {
 /// formats compile-time strings into a static buffer and may be called before
 /// `Py_Initialize`; `None` for anything else (no such function, 2.x, 3.5 and older, 3.11+,
 /// which `Py_Version` names).
-fn older_minor() -> Option<u8> {
+pub(crate) fn older_minor() -> Option<u8> {
     let get = sym(c"Py_GetVersion");
     if get == 0 {
         return None;
