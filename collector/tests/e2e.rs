@@ -305,18 +305,32 @@ fn file_capabilities_warned_for_other_users(dynamic: &Path) {
     // SAFETY: a valid NUL-terminated path; 65534 is `nobody`.
     assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
     let regions = |d: &Path| std::fs::read_dir(d).unwrap().count();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(heapdump())
-        .arg("run")
-        .arg("--")
-        .arg(&exe)
-        .env("HEAPDUMP_DIR", &theirs)
-        .env("HEAPDUMP_KEEP", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    // `heapdump run -- EXE` keeping its region in `dir`, as `nobody` (through setpriv) or as
+    // root: (exit code, stderr).
+    let run = |as_nobody: bool, dir: &Path| {
+        let mut cmd = if as_nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(heapdump());
+            c
+        } else {
+            Command::new(heapdump())
+        };
+        let out = cmd
+            .arg("run")
+            .arg("--")
+            .arg(&exe)
+            .env("HEAPDUMP_DIR", dir)
+            .env("HEAPDUMP_KEEP", "1")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(true, &theirs);
+    assert_eq!(code, Some(0), "{err}");
     assert_eq!(
         err.trim_end(),
         format!(
@@ -330,16 +344,8 @@ fn file_capabilities_warned_for_other_users(dynamic: &Path) {
         0,
         "a region: the shim was loaded after all"
     );
-    let out = Command::new(heapdump())
-        .arg("run")
-        .arg("--")
-        .arg(&exe)
-        .env("HEAPDUMP_DIR", &ours)
-        .env("HEAPDUMP_KEEP", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!((out.status.code(), err.as_ref()), (Some(0), ""));
+    let (code, err) = run(false, &ours);
+    assert_eq!((code, err.as_str()), (Some(0), ""));
     assert_eq!(regions(&ours), 1, "root's run of the file left no region");
     let _ = std::fs::remove_dir_all(&base);
 }

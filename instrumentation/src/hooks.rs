@@ -464,7 +464,10 @@ fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
             *e = (h, id);
             id
         }
-        None => u32::MAX,
+        None => {
+            crate::region::table_full(&g.writer);
+            u32::MAX
+        }
     }
 }
 

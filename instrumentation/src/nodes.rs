@@ -84,7 +84,10 @@ pub(crate) fn take_node_slow(g: &Global, t: &Tls, now: u64) -> Option<u32> {
         t.fresh_next.set(next + 1);
         return Some(next);
     }
-    let (s, e) = g.writer.claim_nodes(BATCH as u64)?;
+    let Some((s, e)) = g.writer.claim_nodes(BATCH as u64) else {
+        crate::region::table_full(&g.writer);
+        return None;
+    };
     t.fresh_next.set(s as u32 + 1);
     t.fresh_end.set(e as u32);
     Some(s as u32)

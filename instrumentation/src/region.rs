@@ -10,7 +10,7 @@
 //! `environ` being initialized.
 
 use crate::sys::{map_anon, parse_size, read_file, unmap, warn};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use vmo_layout::clock::precise_ns;
 use vmo_layout::v1::{plan, Capacities, WARNINGS_BYTES};
 use vmo_layout::writer::Backing;
@@ -324,6 +324,22 @@ pub fn start_ticks() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether the region last created had its allocations table and stack tables made smaller
+/// because its file system had little free space: then a full table is the file system's
+/// doing, and is reported as such ([`table_full`]).
+static REDUCED_FOR_SPACE: AtomicBool = AtomicBool::new(false);
+
+/// Called when the allocations table or the stack table has no entry left for a block or a
+/// stack: when the region was made smaller for lack of free space, `heapdump list` says the
+/// file system stopped the recording (`RECORDING_FS_FULL`) rather than showing dropped
+/// blocks with no reason.
+#[cold]
+pub fn table_full(w: &RegionWriter) {
+    if REDUCED_FOR_SPACE.load(Ordering::Relaxed) {
+        w.raise_recording_flag(vmo_layout::v1::RECORDING_FS_FULL);
+    }
+}
+
 /// Creates the region for this process; `None` (after a one-line warning) when it cannot.
 pub fn create(settings: &Settings) -> Option<Created> {
     let mut settings = *settings;
@@ -371,6 +387,7 @@ pub fn create(settings: &Settings) -> Option<Created> {
             caps.frames = caps.stacks * 24;
             caps.python_words = (caps.python_words / 2).max(caps.python_words.min(64 << 10));
         }
+        REDUCED_FOR_SPACE.store(caps != settings.caps, Ordering::Relaxed);
         if caps != settings.caps {
             let mut num = [0u8; 20];
             let mut num2 = [0u8; 20];
