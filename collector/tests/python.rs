@@ -186,6 +186,11 @@ fn bytes_script(func: &str, n: usize, base: usize, modulo: usize) -> String {
     )
 }
 
+/// The environment of a run with `PYTHONMALLOC=value`, or none.
+fn pymalloc_env(value: Option<&'static str>) -> Vec<(&'static str, &'static str)> {
+    value.map(|v| ("PYTHONMALLOC", v)).into_iter().collect()
+}
+
 fn line_of(src: &str, needle: &str) -> i64 {
     src.lines().position(|l| l.contains(needle)).unwrap() as i64 + 1
 }
@@ -540,13 +545,9 @@ fn objects_and_frames_on_older_versions() {
 /// One run of [`objects_and_frames_on_older_versions`].
 fn objects_and_frames_on(label: &str, py: &Path, debug: bool) {
     let dir = region_dir("python-small");
-    let env: &[(&str, &str)] = if debug {
-        &[("PYTHONMALLOC", "debug")]
-    } else {
-        &[]
-    };
+    let env = pymalloc_env(debug.then_some("debug"));
     let small = bytes_script("small", 30_000, 333, 3);
-    let (r, script) = run_script_with(py, &dir, "small", &small, env);
+    let (r, script) = run_script_with(py, &dir, "small", &small, &env);
     let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
     let label = format!("{label}, PYTHONMALLOC=debug {debug}");
     let line = line_of(&small, "out.append(bytes(");
@@ -586,13 +587,9 @@ fn large_objects_recorded_once() {
     for (label, py) in pythons("large_objects_recorded_once") {
         for malloc in [false, true] {
             let dir = region_dir("python-large");
-            let env: &[(&str, &str)] = if malloc {
-                &[("PYTHONMALLOC", "malloc")]
-            } else {
-                &[]
-            };
+            let env = pymalloc_env(malloc.then_some("malloc"));
             let large = bytes_script("big", 1000, 10_000, 7);
-            let (r, _) = run_script_with(&py, &dir, "large", &large, env);
+            let (r, _) = run_script_with(&py, &dir, "large", &large, &env);
             let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
             let large: Vec<&Stack> = st
                 .iter()

@@ -49,6 +49,17 @@ impl Drop for Tmpfs {
     }
 }
 
+/// `hold_many N 24` under the shim (its region kept, in `dir`): N blocks of 24 bytes held.
+fn hold_many(n: u64, dir: &Path) -> Command {
+    let mut c = Command::new(compile_c("hold_many", &[]));
+    c.args([n.to_string(), "24".into()])
+        .env("HEAPDUMP_DIR", dir)
+        .env("HEAPDUMP_KEEP", "1")
+        .env("LD_PRELOAD", shim())
+        .stdout(Stdio::null());
+    c
+}
+
 fn list_json(dir: &Path) -> Vec<serde_json::Value> {
     let (ok, out, err) = heapdump_cmd(dir, &["list", "--json"]);
     assert!(ok, "heapdump list: {err}");
@@ -66,19 +77,9 @@ fn full_tmpfs_never_kills_the_target() {
         skip_note("skipped: full_tmpfs_never_kills_the_target needs root (to mount a tmpfs)");
         return;
     };
-    let exe = compile_c("hold_many", &[]);
     const N: u64 = 500_000;
     let children: Vec<_> = (0..4)
-        .map(|_| {
-            Command::new(&exe)
-                .args([N.to_string(), "24".into()])
-                .env("HEAPDUMP_DIR", fs.path())
-                .env("HEAPDUMP_KEEP", "1")
-                .env("LD_PRELOAD", shim())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
+        .map(|_| hold_many(N, fs.path()).spawn().unwrap())
         .collect();
     for mut c in children {
         let st = c.wait().unwrap();
@@ -135,16 +136,8 @@ fn table_made_smaller_for_space_reports_the_file_system_when_full() {
         );
         return;
     };
-    let exe = compile_c("hold_many", &[]);
     const N: u64 = 500_000;
-    let st = Command::new(&exe)
-        .args([N.to_string(), "24".into()])
-        .env("HEAPDUMP_DIR", fs.path())
-        .env("HEAPDUMP_KEEP", "1")
-        .env("LD_PRELOAD", shim())
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
+    let st = hold_many(N, fs.path()).status().unwrap();
     assert_eq!(st.code(), Some(0));
     let list = list_json(fs.path());
     assert_eq!(list.len(), 1, "{list:?}");
