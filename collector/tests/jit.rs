@@ -264,6 +264,31 @@ fn heapdump_run_names_node_code_unasked() {
     let (pid, options) = said.split_once(' ').unwrap();
     assert_eq!(options, FLAGS);
     assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+    // Node started by node inherits the flags, and removes its own map at a normal exit
+    // (with --keep, both maps stay, as both regions do).
+    let spawn = "const c = require('child_process').spawnSync(process.execPath, \
+                 ['-e', 'Buffer.alloc(1000); console.log(process.pid)']); \
+                 console.log(process.pid, String(c.stdout).trim())";
+    for keep in [false, true] {
+        let args: &[&str] = if keep { &["--keep"] } else { &[] };
+        let (said, _) = run(args, spawn);
+        let pids: Vec<u32> = said.split(' ').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(pids.len(), 2, "{said}");
+        for pid in pids {
+            let map = format!("/tmp/perf-{pid}.map");
+            assert_eq!(Path::new(&map).exists(), keep, "{map} (--keep: {keep})");
+            remove_jit_files(pid);
+        }
+    }
+    // A process that is not node keeps a perf map of its own (the shell writes one and exits).
+    let (said, _) = run(
+        &[],
+        "const c = require('child_process').spawnSync('sh', \
+         ['-c', 'echo x > /tmp/perf-$$.map; echo $$']); console.log(String(c.stdout).trim())",
+    );
+    let map = format!("/tmp/perf-{said}.map");
+    assert!(Path::new(&map).exists(), "{map} of a shell removed");
+    remove_jit_files(said.parse().unwrap());
     let (said, err) = run(&["--no-jit-names"], "console.log(process.env.NODE_OPTIONS)");
     assert_eq!((said.as_str(), err.as_str()), ("undefined", ""));
     let (said, err) = run(

@@ -48,6 +48,11 @@ pub struct Settings {
     pub max_dead_regions: u64,
     /// Most dead records kept for named snapshots (`HEAPDUMP_NAMED_SNAPSHOT_RECORDS`).
     pub named_hold_limit: u64,
+    /// Remove node's `/tmp/perf-PID.map` along with the region at a clean exit
+    /// (`HEAPDUMP_REMOVE_PERF_MAP=1`, set by `heapdump run` when it added node's perf-map
+    /// flags to `NODE_OPTIONS`, which node's child processes inherit; see
+    /// `state::remove_node_perf_map`).
+    pub remove_perf_map: bool,
 }
 
 /// Default of [`Settings::max_dead_regions`].
@@ -94,6 +99,7 @@ pub fn settings() -> Settings {
         warnings_len: 0,
         max_dead_regions: DEFAULT_MAX_DEAD_REGIONS,
         named_hold_limit: vmo_layout::v1::NAMED_HOLD_DEFAULT,
+        remove_perf_map: false,
     };
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -159,6 +165,10 @@ pub fn settings() -> Settings {
                     s.warn(&[shown, b" is neither dwarf nor fp: using dwarf"]);
                 }
             }
+            b"HEAPDUMP_REMOVE_PERF_MAP" => match flag(v) {
+                Some(b) => s.remove_perf_map = b,
+                None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),
+            },
             b"HEAPDUMP_STACK_REUSE" => match flag(v) {
                 Some(b) => s.stack_reuse = b,
                 None => s.warn(&[shown, b" is not 1/0, true/false or yes/no: ignored"]),

@@ -360,7 +360,65 @@ pub fn exit_cleanup() {
     } else {
         // SAFETY: the path is NUL-terminated; the mapping stays valid after the unlink.
         unsafe { libc::unlink(g.path.as_ptr() as *const libc::c_char) };
+        if g.settings.remove_perf_map {
+            remove_node_perf_map(g.pid);
+        }
     }
+}
+
+/// Removes `/tmp/perf-PID.map` when this process is node (its executable is named `node`,
+/// `nodejs` or `node` and digits) and the map is a regular file of this user: the map node
+/// wrote because `heapdump run` added its perf-map flags to `NODE_OPTIONS`
+/// (`HEAPDUMP_REMOVE_PERF_MAP=1`), which node's child processes inherit with the setting.
+/// Called at a clean exit, as the region goes; a region that stays (`HEAPDUMP_KEEP=1`, a kill)
+/// keeps the map too, whose names its post-mortem snapshots need. No allocation.
+fn remove_node_perf_map(pid: u32) {
+    let mut exe = [0u8; 4096];
+    // SAFETY: the path is NUL-terminated and `exe` is writable for its length.
+    let n = unsafe {
+        libc::readlink(
+            c"/proc/self/exe".as_ptr(),
+            exe.as_mut_ptr() as *mut libc::c_char,
+            exe.len(),
+        )
+    };
+    if n <= 0 || n as usize >= exe.len() {
+        return;
+    }
+    let exe = &exe[..n as usize];
+    let name = exe.rsplit(|&b| b == b'/').next().unwrap_or(exe);
+    if !is_node_name(name) {
+        return;
+    }
+    let mut path = [0u8; 40];
+    let mut num = [0u8; 20];
+    let digits = crate::sys::fmt_u64(pid as u64, &mut num);
+    let parts: [&[u8]; 3] = [b"/tmp/perf-", digits, b".map\0"];
+    let mut k = 0;
+    for part in parts {
+        path[k..k + part.len()].copy_from_slice(part);
+        k += part.len();
+    }
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated; `st` is writable.
+    if unsafe { libc::lstat(path.as_ptr() as *const libc::c_char, &mut st) } != 0 {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == unsafe { libc::geteuid() } {
+        // SAFETY: as for lstat.
+        unsafe { libc::unlink(path.as_ptr() as *const libc::c_char) };
+    }
+}
+
+/// Whether an executable's file name is node's: `node`, `nodejs`, or `node` and a version's
+/// digits (`node22`); not `nodemon` or `node-gyp`.
+fn is_node_name(name: &[u8]) -> bool {
+    name == b"nodejs"
+        || name
+            .strip_prefix(b"node")
+            .is_some_and(|v| v.iter().all(u8::is_ascii_digit))
 }
 
 /// Counts an operation; every 1024th refreshes the peak and the thread name.
@@ -408,4 +466,21 @@ pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> boo
         let ok = unsafe { (*d).push(&op) };
         ok && hold
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_node_name;
+
+    #[test]
+    fn node_executables_by_name() {
+        for name in ["node", "nodejs", "node22", "node18"] {
+            assert!(is_node_name(name.as_bytes()), "{name}");
+        }
+        for name in [
+            "nodemon", "node-gyp", "npm", "python3", "nod", "", "node.js",
+        ] {
+            assert!(!is_node_name(name.as_bytes()), "{name}");
+        }
+    }
 }

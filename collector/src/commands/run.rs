@@ -93,6 +93,8 @@ pub fn run(a: Options) -> Result<()> {
             }
         );
         cmd.env("NODE_OPTIONS", opts);
+        // Node's child processes inherit both: each removes its own map as its region goes.
+        cmd.env("HEAPDUMP_REMOVE_PERF_MAP", "1");
     }
     // Handlers first (a signal that arrives before the child exists is forwarded once it
     // does); caught dispositions are reset to the default in the child by `execve`.
