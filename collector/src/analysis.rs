@@ -57,6 +57,8 @@ pub struct Analysis {
     pub recheck: Option<RecheckInput>,
     /// Function names of every stack id of the graph, innermost first.
     pub stacks: std::collections::HashMap<u32, Vec<String>>,
+    /// Where the Python frames are in the stacks that have some (for their sites).
+    pub hints: std::collections::HashMap<u32, sites::PythonHint>,
     pub header: graph::capture::CaptureHeader,
 }
 
@@ -69,8 +71,9 @@ impl Analysis {
         missing.sort_unstable();
         missing.dedup();
         if !missing.is_empty() {
-            let names = stack_names(c, missing.into_iter());
+            let (names, hints) = stack_names_hinted(c, missing.into_iter());
             self.stacks.extend(names);
+            self.hints.extend(hints);
         }
     }
 
@@ -114,6 +117,7 @@ pub fn analysis(t: &Source, stage: &dyn Fn(&str)) -> Result<Analysis> {
                 stats: None,
                 recheck: None,
                 stacks: cap.stacks,
+                hints: cap.hints,
                 header: cap.header,
             });
         }
@@ -151,6 +155,7 @@ pub fn analysis(t: &Source, stage: &dyn Fn(&str)) -> Result<Analysis> {
         stats: Some(stats),
         recheck,
         stacks,
+        hints: Default::default(),
         header,
     })
 }
@@ -262,11 +267,15 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
 }
 
 /// Function names of the given stacks, innermost first, the shim's own frames left out (as in
-/// the profiles).
-pub fn stack_names(
+/// the profiles), and the [`sites::PythonHint`] of each stack with Python frames.
+pub fn stack_names_hinted(
     c: &snapshot::Collected,
     stacks: impl Iterator<Item = u32>,
-) -> std::collections::HashMap<u32, Vec<String>> {
+) -> (
+    std::collections::HashMap<u32, Vec<String>>,
+    std::collections::HashMap<u32, sites::PythonHint>,
+) {
+    use sites::FrameKind;
     let stacks: Vec<u32> = stacks.collect();
     let mut addrs: Vec<u64> = stacks
         .iter()
@@ -278,16 +287,20 @@ pub fn stack_names(
     addrs.dedup();
     let resolved = python::resolve(&c.modules, &c.jit, &c.python, &addrs, true);
     let mut out = std::collections::HashMap::new();
+    let mut hints = std::collections::HashMap::new();
     for s in stacks {
         let Some(frames) = c.stacks.get(&s) else {
             continue;
         };
         let mut names = Vec::new();
+        // One per name: what its frame is (sites of stacks with Python frames).
+        let mut kinds: Vec<FrameKind<'_>> = Vec::new();
         let mut leaf = true;
         for pc in frames {
             let a = pc.wrapping_sub(1);
             let Some(r) = resolved.get(&a) else {
                 names.push(format!("{a:#x}"));
+                kinds.push(FrameKind::Native(None));
                 leaf = false;
                 continue;
             };
@@ -295,17 +308,27 @@ pub fn stack_names(
                 continue;
             }
             leaf = false;
+            let kind = if python::record_of(*pc).is_some() {
+                FrameKind::Python
+            } else {
+                FrameKind::Native(r.module.map(|m| c.modules[m].path.as_str()))
+            };
             if r.frames.is_empty() {
                 names.push(match r.module {
                     Some(m) => pprof::module_frame(&c.modules[m], a),
                     None => format!("{a:#x}"),
                 });
+                kinds.push(kind);
             }
             names.extend(r.frames.iter().map(|f| f.function.clone()));
+            kinds.resize(names.len(), kind);
+        }
+        if let Some(h) = sites::python_hint(&kinds) {
+            hints.insert(s, h);
         }
         out.insert(s, names);
     }
-    out
+    (out, hints)
 }
 
 /// The allocation site of each block's stack: its first frame outside the allocator wrappers
@@ -313,7 +336,7 @@ pub fn stack_names(
 pub fn sites(an: &Analysis, rule: &sites::Sites) -> std::collections::HashMap<u32, String> {
     an.stacks
         .iter()
-        .map(|(s, names)| (*s, rule.site(names).to_owned()))
+        .map(|(s, names)| (*s, rule.site_hinted(names, an.hints.get(s)).to_owned()))
         .collect()
 }
 

@@ -136,6 +136,13 @@ pub struct Stack {
     /// Optional, parallel to `function`: source lines (0 unknown).
     #[prost(uint32, repeated, tag = "4")]
     pub line: Vec<u32>,
+    /// A stack with Python frames: the index of the innermost one (minor version 1).
+    #[prost(uint32, optional, tag = "5")]
+    pub python_innermost: Option<u32>,
+    /// With `python_innermost`: the indices of the frames inside it that are the interpreter's
+    /// own code (minor version 1).
+    #[prost(uint32, repeated, tag = "6")]
+    pub interpreter: Vec<u32>,
 }
 
 /// A batch of consecutive blocks in address order with their edges (one element per block in
@@ -271,6 +278,8 @@ mod tests {
                 function: vec!["f".into()],
                 file: vec![],
                 line: vec![9],
+                python_innermost: None,
+                interpreter: vec![],
             })),
         };
         assert_eq!(

@@ -112,7 +112,9 @@ fn write_graph_since(
         }
         "hdsnap" => {
             stage("writing the capture");
-            output::write_with(out, |o| graph::capture::write(o, &an.header, g, &an.stacks))?;
+            output::write_with(out, |o| {
+                graph::capture::write(o, &an.header, g, &an.stacks, &an.hints)
+            })?;
             eprintln!(
                 "heapdump: {}: {} live blocks, {} edges, {} roots -> {}",
                 an.describe(),

@@ -7,7 +7,7 @@
 //! ```text
 //! offset 0   8 bytes   magic "HDSNAP\0\n"                          (MAGIC)
 //! offset 8   u16 LE    format major version                       (FORMAT_MAJOR = 1)
-//! offset 10  u16 LE    format minor version                       (FORMAT_MINOR = 0)
+//! offset 10  u16 LE    format minor version                       (FORMAT_MINOR = 1)
 //! offset 12  one gzip member, then nothing, whose content is varint-length-delimited
 //!            `hdsnap.Record`s: Header, Stack × stack_count (ascending id),
 //!            Blocks × ⌈blocks / batch⌉ (address order, ≤ 65,536 blocks and about 2^20 edges
@@ -28,6 +28,7 @@
 //! CRC-32 is checked, and nothing may follow it.
 
 use super::{Block, Graph, Root, RootKind};
+use crate::sites::PythonHint;
 use anyhow::{anyhow, bail, Context, Result};
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -43,7 +44,7 @@ pub const MAGIC: [u8; 8] = *b"HDSNAP\0\n";
 /// Format major version written, and the only one read.
 pub const FORMAT_MAJOR: u32 = 1;
 /// Format minor version written (any minor version of [`FORMAT_MAJOR`] is read).
-pub const FORMAT_MINOR: u32 = 0;
+pub const FORMAT_MINOR: u32 = 1;
 /// Most blocks in one `Blocks` record.
 pub const BATCH_BLOCKS: usize = 65_536;
 /// A `Blocks` record is closed once it holds this many edges (a block's edges are never split,
@@ -98,6 +99,9 @@ pub struct Capture {
     pub graph: Graph,
     /// Function names of each stack id, innermost first (the recorder's frames left out).
     pub stacks: HashMap<u32, Vec<String>>,
+    /// Where the Python frames are in the stacks that have some (for their sites; empty in
+    /// a capture written before minor version 1).
+    pub hints: HashMap<u32, PythonHint>,
 }
 
 /// What [`write`] did (for the tests: records and the largest one).
@@ -113,7 +117,8 @@ struct WriteStats {
     plain: u64,
 }
 
-/// Writes `graph` with `header` and `stacks` as a capture to `out`, streaming: the records are
+/// Writes `graph` with `header`, `stacks` and their Python `hints` (`Stack`'s
+/// `python_innermost` and `interpreter`) as a capture to `out`, streaming: the records are
 /// encoded one at a time into a gzip stream over `out` (memory: one batch of at most
 /// [`BATCH_BLOCKS`] blocks and about [`BATCH_EDGES`] edges). Stacks are written in ascending id
 /// order, so equal inputs give equal files. `out` is not flushed beyond what gzip's `finish`
@@ -128,8 +133,9 @@ pub fn write(
     header: &CaptureHeader,
     graph: &Graph,
     stacks: &HashMap<u32, Vec<String>>,
+    hints: &HashMap<u32, PythonHint>,
 ) -> io::Result<()> {
-    write_counted(out, header, graph, stacks).map(|_| ())
+    write_counted(out, header, graph, stacks, hints).map(|_| ())
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -202,6 +208,7 @@ fn write_counted(
     header: &CaptureHeader,
     graph: &Graph,
     stacks: &HashMap<u32, Vec<String>>,
+    hints: &HashMap<u32, PythonHint>,
 ) -> io::Result<WriteStats> {
     check_graph(graph)?;
     if stacks.contains_key(&u32::MAX) {
@@ -246,11 +253,14 @@ fn write_counted(
     let mut ids: Vec<u32> = stacks.keys().copied().collect();
     ids.sort_unstable();
     for id in ids {
+        let hint = hints.get(&id);
         w.record(Kind::Stack(pb::Stack {
             id,
             function: stacks[&id].clone(),
             file: Vec::new(),
             line: Vec::new(),
+            python_innermost: hint.map(|h| h.innermost),
+            interpreter: hint.map_or_else(Vec::new, |h| h.interpreter.clone()),
         }))?;
     }
 
@@ -511,6 +521,7 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
     };
     g.edge_start.push(0);
     let mut stacks: HashMap<u32, Vec<String>> = HashMap::with_capacity(n_stacks);
+    let mut hints: HashMap<u32, PythonHint> = HashMap::new();
     let mut block_bytes = 0u64;
     let footer = loop {
         let at = rr.count;
@@ -536,6 +547,15 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
                 }
                 if s.id == u32::MAX {
                     bail!("capture is corrupt: a stack has the id meaning \"no stack\"");
+                }
+                // A hint that does not fit its stack is ignored by the sites (`site_hinted`).
+                if let Some(innermost) = s.python_innermost {
+                    let interpreter = s.interpreter.into_iter().filter(|&i| i < innermost);
+                    let hint = PythonHint {
+                        innermost,
+                        interpreter: interpreter.collect(),
+                    };
+                    hints.insert(s.id, hint);
                 }
                 if stacks.insert(s.id, s.function).is_some() {
                     bail!("capture is corrupt: stack {} appears twice", s.id);
@@ -607,6 +627,7 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
         },
         graph: g,
         stacks,
+        hints,
     })
 }
 
@@ -773,7 +794,7 @@ mod tests {
         s: &HashMap<u32, Vec<String>>,
     ) -> (Vec<u8>, WriteStats) {
         let mut out = Vec::new();
-        let stats = write_counted(&mut out, h, g, s).unwrap();
+        let stats = write_counted(&mut out, h, g, s, &HashMap::new()).unwrap();
         (out, stats)
     }
 
@@ -801,7 +822,7 @@ mod tests {
     }
 
     fn assert_same(c: &Capture, h: &CaptureHeader, g: &Graph, s: &HashMap<u32, Vec<String>>) {
-        assert_eq!(c.format, (1, 0));
+        assert_eq!(c.format.0, 1);
         assert_eq!(&c.header, h);
         assert_eq!(c.graph.blocks, g.blocks);
         assert_eq!(c.graph.edge_start, g.edge_start);
@@ -816,7 +837,8 @@ mod tests {
         let g = small();
         let s = stacks_of(&g);
         let (bytes, stats) = encode(&h, &g, &s);
-        assert_eq!(&bytes[..12], b"HDSNAP\0\n\x01\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"HDSNAP\0\n\x01\x00\x01\x00");
+        assert_eq!(decode(&bytes).unwrap().format, (1, FORMAT_MINOR));
         // Header, 5 stacks (4 used + 1 unused), 1 batch, 4 roots, footer.
         assert_eq!(
             stats,
@@ -845,7 +867,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s.hdsnap");
         let mut f = std::fs::File::create(&p).unwrap();
-        write(&mut f, &h, &g, &s).unwrap();
+        write(&mut f, &h, &g, &s, &HashMap::new()).unwrap();
         drop(f);
         assert!(is_capture(&p));
         assert_same(&read(&p).unwrap(), &h, &g, &s);
@@ -854,6 +876,24 @@ mod tests {
         assert!(!is_capture(&dir.path().join("missing")));
         std::fs::write(dir.path().join("gz"), &bytes[12..]).unwrap();
         assert!(!is_capture(&dir.path().join("gz")));
+
+        // The Python frames' positions come back as written; indices at or past the innermost
+        // Python frame are dropped.
+        let id = *s.keys().next().unwrap();
+        let hint = PythonHint {
+            innermost: 3,
+            interpreter: vec![1, 2, 3, 7],
+        };
+        let mut out = Vec::new();
+        write(&mut out, &h, &g, &s, &HashMap::from([(id, hint)])).unwrap();
+        let back = decode(&out).unwrap();
+        assert_same(&back, &h, &g, &s);
+        let want = PythonHint {
+            innermost: 3,
+            interpreter: vec![1, 2],
+        };
+        assert_eq!(back.hints, HashMap::from([(id, want)]));
+        assert!(read(&p).unwrap().hints.is_empty());
     }
 
     #[test]
@@ -861,27 +901,27 @@ mod tests {
         let (h, s) = (header(), HashMap::new());
         let mut g = small();
         g.blocks.swap(0, 1);
-        let e = write(&mut Vec::new(), &h, &g, &s).unwrap_err();
+        let e = write(&mut Vec::new(), &h, &g, &s, &HashMap::new()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "blocks 0 and 1 are not in increasing address order"
         );
         let mut g = small();
         g.targets.swap(0, 1);
-        let e = write(&mut Vec::new(), &h, &g, &s).unwrap_err();
+        let e = write(&mut Vec::new(), &h, &g, &s, &HashMap::new()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "edges of block 0 are not sorted, unique block indices"
         );
         let mut g = small();
         g.roots[0].targets = vec![5];
-        let e = write(&mut Vec::new(), &h, &g, &s).unwrap_err();
+        let e = write(&mut Vec::new(), &h, &g, &s, &HashMap::new()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "targets of root \"g_table (owners)\" are not sorted, unique block indices"
         );
         let s = HashMap::from([(u32::MAX, vec![])]);
-        assert!(write(&mut Vec::new(), &h, &small(), &s).is_err());
+        assert!(write(&mut Vec::new(), &h, &small(), &s, &HashMap::new()).is_err());
     }
 
     /// xorshift64*: reproducible pseudo-random numbers.
@@ -1399,13 +1439,15 @@ mod tests {
         let (h, g, s) = golden();
         std::fs::create_dir_all(Path::new(GOLDEN).parent().unwrap()).unwrap();
         let mut f = std::fs::File::create(GOLDEN).unwrap();
-        write(&mut f, &h, &g, &s).unwrap();
+        write(&mut f, &h, &g, &s, &HashMap::new()).unwrap();
     }
 
     #[test]
     fn the_golden_v1_capture_is_read() {
         let (h, g, s) = golden();
         let c = read(Path::new(GOLDEN)).unwrap();
+        // Written by minor version 0, before the Python frames' positions.
+        assert_eq!(c.format, (1, 0));
         assert_same(&c, &h, &g, &s);
         assert!(is_capture(Path::new(GOLDEN)));
     }

@@ -1324,7 +1324,17 @@ mod tests {
             "{ranges:x?}"
         );
         assert!(!covered(chunk - 1) || in_heap(chunk - 1), "{ranges:x?}");
-        let r = holding(small).expect("the thread arena");
+        let Some(r) = holding(small) else {
+            let area: Vec<&Mapping> = (maps.iter())
+                .filter(|m| m.end > heap && m.start < heap + ARENA_HEAP_MAX)
+                .collect();
+            let mut words = [0u8; 32];
+            let got = mem.read(heap, &mut words);
+            let words: Vec<u64> = (words[..got].chunks(8))
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            panic!("the thread arena: small {small:#x}, heap {heap:#x}, heap_info {words:x?}, areas {area:x?}, ranges {ranges:x?}");
+        };
         assert!(r.0 <= heap, "{ranges:x?}");
         assert!(!covered(heap - 1) || in_chunk(heap - 1), "{ranges:x?}");
         assert_eq!(holding(own + 4096), None, "{ranges:x?}");

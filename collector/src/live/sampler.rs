@@ -4,7 +4,7 @@
 //!
 //! Stack traces are interned in the region and never change once published, so each is named
 //! once: a stack id → site cache lives as long as the view, and a refresh symbolizes only the
-//! stacks it has not seen before ([`crate::analysis::stack_names`] of those alone). A refresh of a target
+//! stacks it has not seen before ([`crate::analysis::stack_names_hinted`] of those alone). A refresh of a target
 //! whose stacks are all known costs the snapshot and the sums, not a symbolization.
 
 use crate::regions::{self, Liveness, RegionFile};
@@ -308,11 +308,11 @@ impl Namer {
         if new.is_empty() {
             return 0;
         }
-        let named = crate::analysis::stack_names(c, new.iter().copied());
+        let (named, hints) = crate::analysis::stack_names_hinted(c, new.iter().copied());
         for s in &new {
             let site = named
                 .get(s)
-                .map(|frames| self.rule.site(frames))
+                .map(|frames| self.rule.site_hinted(frames, hints.get(s)))
                 .unwrap_or(NO_STACK);
             let name = match self.names.get(site) {
                 Some(n) => n.clone(),

@@ -346,6 +346,7 @@ impl Report {
             id.pid = counts.pid;
         }
         let frames = crate::flame::location_frames(p);
+        let kinds = crate::flame::location_kinds(p);
         let mut by_site: HashMap<String, (i64, i64)> = HashMap::new();
         for smp in &p.sample {
             let value = |i: Option<usize>| i.and_then(|i| smp.value.get(i)).copied().unwrap_or(0);
@@ -354,10 +355,15 @@ impl Report {
                 .filter_map(|l| frames.get(l))
                 .flat_map(|f| f.iter().cloned())
                 .collect();
+            let hint = crate::flame::sample_hint(
+                &smp.location_id,
+                |l| frames.get(l).map(Vec::len),
+                &kinds,
+            );
             let site = if stack.is_empty() {
                 crate::sites::NO_STACK
             } else {
-                self.rule.site(&stack)
+                self.rule.site_hinted(&stack, hint.as_ref())
             };
             let e = by_site.entry(site.to_owned()).or_default();
             e.0 += value(Some(ty.inuse_space));
@@ -384,7 +390,7 @@ impl Report {
         let g = &cap.graph;
         let d = crate::graph::dominators::dominators(g);
         let names: HashMap<u32, &str> = (cap.stacks.iter())
-            .map(|(s, f)| (*s, self.rule.site(f)))
+            .map(|(s, f)| (*s, self.rule.site_hinted(f, cap.hints.get(s))))
             .collect();
         let site_of = |b: u32| {
             (names.get(&g.blocks[b as usize].stack))
@@ -436,6 +442,7 @@ impl Report {
         let frames: FxHashMap<u64, Vec<u32>> = (crate::flame::location_frames(p).into_iter())
             .map(|(id, names)| (id, names.iter().map(|n| proc.trie.name(n)).collect()))
             .collect();
+        let kinds = crate::flame::location_kinds(p);
         let no_stack = proc.trie.name(crate::sites::NO_STACK);
         let value = |s: &pb::Sample, i: Option<usize>| -> i64 {
             i.and_then(|i| s.value.get(i)).copied().unwrap_or(0)
@@ -473,7 +480,12 @@ impl Report {
             let node = proc.trie.intern(names);
             if !proc.site_of.contains_key(&node) {
                 let stack = proc.trie.innermost_first(node);
-                let site = self.rule.site(&stack);
+                let hint = crate::flame::sample_hint(
+                    &s.location_id,
+                    |l| frames.get(l).map(Vec::len),
+                    &kinds,
+                );
+                let site = self.rule.site_hinted(&stack, hint.as_ref());
                 let sid = match proc.site_ids.get(site) {
                     Some(&i) => i,
                     None => {
