@@ -57,8 +57,8 @@ pub struct Analysis {
     pub recheck: Option<RecheckInput>,
     /// Function names of every stack id of the graph, innermost first.
     pub stacks: std::collections::HashMap<u32, Vec<String>>,
-    /// Where the Python frames are in the stacks that have some (for their sites).
-    pub hints: std::collections::HashMap<u32, sites::PythonHint>,
+    /// Where the script frames (Python's, JavaScript's) are in the stacks that have some (for their sites).
+    pub hints: std::collections::HashMap<u32, sites::ScriptHint>,
     pub header: graph::capture::CaptureHeader,
 }
 
@@ -267,13 +267,14 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
 }
 
 /// Function names of the given stacks, innermost first, the shim's own frames left out (as in
-/// the profiles), and the [`sites::PythonHint`] of each stack with Python frames.
+/// the profiles), and the [`sites::ScriptHint`] of each stack with script frames (Python's,
+/// JavaScript's).
 pub fn stack_names_hinted(
     c: &snapshot::Collected,
     stacks: impl Iterator<Item = u32>,
 ) -> (
     std::collections::HashMap<u32, Vec<String>>,
-    std::collections::HashMap<u32, sites::PythonHint>,
+    std::collections::HashMap<u32, sites::ScriptHint>,
 ) {
     use sites::FrameKind;
     let stacks: Vec<u32> = stacks.collect();
@@ -293,7 +294,7 @@ pub fn stack_names_hinted(
             continue;
         };
         let mut names = Vec::new();
-        // One per name: what its frame is (sites of stacks with Python frames).
+        // One per name: what its frame is (sites of stacks with script frames).
         let mut kinds: Vec<FrameKind<'_>> = Vec::new();
         let mut leaf = true;
         for pc in frames {
@@ -309,9 +310,15 @@ pub fn stack_names_hinted(
             }
             leaf = false;
             let kind = if python::record_of(*pc).is_some() {
-                FrameKind::Python
+                FrameKind::Script
+            } else if let Some(m) = r.module {
+                FrameKind::Native(Some(c.modules[m].path.as_str()))
             } else {
-                FrameKind::Native(r.module.map(|m| c.modules[m].path.as_str()))
+                // Generated code: a script function if its JIT names it so (node's).
+                let file = r.frames.first().map_or("", |f| f.file.as_str());
+                (c.jit.name(a))
+                    .and_then(|n| sites::script_kind(n, file))
+                    .unwrap_or(FrameKind::Native(None))
             };
             if r.frames.is_empty() {
                 names.push(match r.module {
@@ -323,7 +330,7 @@ pub fn stack_names_hinted(
             names.extend(r.frames.iter().map(|f| f.function.clone()));
             kinds.resize(names.len(), kind);
         }
-        if let Some(h) = sites::python_hint(&kinds) {
+        if let Some(h) = sites::script_hint(&kinds) {
             hints.insert(s, h);
         }
         out.insert(s, names);

@@ -169,39 +169,40 @@ pub fn location_frames(p: &pb::Profile) -> HashMap<u64, Vec<String>> {
         .collect()
 }
 
-/// What each location of `p` is, for [`crate::sites::python_hint`]: a Python frame (one line
-/// whose function's system name is `py::…`, in no mapping: how `pprof.rs` writes CPython's
-/// frames), or native code in its mapping's file (`None`: no mapping).
+/// What each location of `p` is, for [`crate::sites::script_hint`]: a script frame (one line,
+/// in no mapping, whose function's system name [`crate::sites::script_kind`] knows: how
+/// `pprof.rs` writes CPython's frames and node's JavaScript), or native code in its mapping's
+/// file (`None`: no mapping).
 pub fn location_kinds(p: &pb::Profile) -> HashMap<u64, crate::sites::FrameKind<'_>> {
     use crate::sites::FrameKind;
     let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
-    let python: std::collections::HashSet<u64> = (p.function.iter())
-        .filter(|f| s(f.system_name).starts_with("py::"))
-        .map(|f| f.id)
-        .collect();
+    let functions: HashMap<u64, &pb::Function> = p.function.iter().map(|f| (f.id, f)).collect();
     let files: HashMap<u64, &str> = (p.mapping.iter())
         .filter(|m| !s(m.filename).is_empty())
         .map(|m| (m.id, s(m.filename)))
         .collect();
     (p.location.iter())
         .map(|l| {
-            let kind = match l.line.as_slice() {
-                [x] if l.mapping_id == 0 && python.contains(&x.function_id) => FrameKind::Python,
-                _ => FrameKind::Native(files.get(&l.mapping_id).copied()),
+            let script = match l.line.as_slice() {
+                [x] if l.mapping_id == 0 => functions
+                    .get(&x.function_id)
+                    .and_then(|f| crate::sites::script_kind(s(f.system_name), s(f.filename))),
+                _ => None,
             };
+            let kind = script.unwrap_or(FrameKind::Native(files.get(&l.mapping_id).copied()));
             (l.id, kind)
         })
         .collect()
 }
 
-/// The [`crate::sites::PythonHint`] of a sample's stack, its locations innermost first;
+/// The [`crate::sites::ScriptHint`] of a sample's stack, its locations innermost first;
 /// `frames(l)`: how many frames location `l` has in the names used for its site (those of
 /// [`location_frames`]; `None`: left out), their kinds in `kinds` (from [`location_kinds`]).
 pub fn sample_hint(
     locations: &[u64],
     frames: impl Fn(&u64) -> Option<usize>,
     kinds: &HashMap<u64, crate::sites::FrameKind<'_>>,
-) -> Option<crate::sites::PythonHint> {
+) -> Option<crate::sites::ScriptHint> {
     let mut each = Vec::new();
     for l in locations {
         let Some(n) = frames(l) else { continue };
@@ -211,7 +212,7 @@ pub fn sample_hint(
             .unwrap_or(crate::sites::FrameKind::Native(None));
         each.extend(std::iter::repeat_n(kind, n));
     }
-    crate::sites::python_hint(&each)
+    crate::sites::script_hint(&each)
 }
 
 /// The folded stacks of profile `p`, valued by sample type `index` (see [`sample_index`]).

@@ -8,13 +8,15 @@
 //! wrappers (below), plus the user's `--drop-frames REGEX` (the same flag and meaning as
 //! pprof's: a frame whose name matches is dropped from the top of the stack).
 //!
-//! A stack with Python frames (CPython's, spliced in by the shim) is named by the Python code
-//! that made the interpreter allocate, as memray and py-spy show it: the interpreter's own
-//! frames inside the innermost Python frame (`PyUnicode_New`, `new_keys_object`, an extension
-//! module's C code) count as wrappers, and the site is the innermost Python function, unless a
-//! C library outside the interpreter allocated (a function called through `ctypes`, a library
-//! an extension module links): then that library's function is the site, as in a C program.
-//! See [`python_hint`].
+//! A stack with script frames — Python's (CPython's, spliced in by the shim) or JavaScript's
+//! (node's, named by its perf map) — is named by the script code that made the runtime
+//! allocate, as memray and py-spy, or DevTools for JavaScript, show it: the runtime's own frames
+//! inside the innermost script frame (`PyUnicode_New`, `new_keys_object`, an extension
+//! module's C code; V8's and node's C++, node's own JavaScript library `node:*`) count as
+//! wrappers, and the site is the innermost script function, unless a C library outside the
+//! runtime allocated (a function called through `ctypes`, a library an extension module or a
+//! node addon links): then that library's function is the site, as in a C program. See
+//! [`script_hint`].
 
 use regex::Regex;
 
@@ -35,35 +37,60 @@ pub const DEFAULT_WRAPPERS: &str = concat!(
     r"|<\w+ as core::alloc::global::GlobalAlloc>::\w+)"
 );
 
-/// Where a stack trace's Python frames are, for naming its site (see the module docs):
+/// Where a stack trace's script frames are, for naming its site (see the module docs):
 /// indices into its frames, innermost first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PythonHint {
-    /// The innermost Python frame.
+pub struct ScriptHint {
+    /// The innermost script frame of the program's own code.
     pub innermost: u32,
-    /// The frames inside it (indices below `innermost`) that are the interpreter's own code.
+    /// The frames inside it (indices below `innermost`) that are the runtime's own code.
     pub interpreter: Vec<u32>,
 }
 
-/// What a frame of a stack trace is, for [`python_hint`].
+/// What a frame of a stack trace is, for [`script_hint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameKind<'a> {
-    /// A Python function's frame (a code object run by CPython's eval loop).
-    Python,
+    /// A script function's frame: Python code run by CPython's eval loop, or JavaScript
+    /// compiled by V8.
+    Script,
+    /// A script function of the runtime's own library (node's `node:*` JavaScript).
+    Runtime,
     /// Native code: the file of the loaded object it lies in, if known.
     Native(Option<&'a str>),
 }
 
-/// The [`PythonHint`] of a stack trace whose frames are of these kinds (innermost first);
-/// `None` without Python frames. The interpreter's own code is that of the object holding
-/// the eval loop that ran the innermost Python frame — the first native frame outside it
-/// (the `python3.X` executable, or `libpython3.X.so`), whatever the files are called — and
+/// The kind of a frame that a JIT's perf map or CPython's frames name `system` (CPython's
+/// `py::QUALNAME:FILE`; V8's `JS:*name file:line:column`, `LazyCompile:…`, `Function:…`,
+/// `Script:…`, `Eval:…`), its source file `file`; `None` for any other name (V8's `Builtin:…`,
+/// other JITs).
+pub fn script_kind(system: &str, file: &str) -> Option<FrameKind<'static>> {
+    if system.starts_with("py::") {
+        return Some(FrameKind::Script);
+    }
+    let js = ["JS:", "LazyCompile:", "Function:", "Script:", "Eval:"];
+    if !js.iter().any(|k| system.starts_with(k)) {
+        return None;
+    }
+    Some(if file.starts_with("node:") {
+        FrameKind::Runtime
+    } else {
+        FrameKind::Script
+    })
+}
+
+/// The [`ScriptHint`] of a stack trace whose frames are of these kinds (innermost first);
+/// `None` without script frames. Its innermost frame is the first [`FrameKind::Script`] one
+/// (else the first [`FrameKind::Runtime`] one). The runtime's own code inside it: the
+/// [`FrameKind::Runtime`] frames, and the native code of the object that ran the innermost
+/// script frame — the first native frame outside it (CPython's eval loop in `python3.X` or
+/// `libpython3.X.so`, V8's entry trampoline in `node`), whatever the files are called — and of
 /// CPython's extension modules (`*.cpython-*.so`, `*.abi3.so`, PEP 3149's names).
-pub fn python_hint(kinds: &[FrameKind<'_>]) -> Option<PythonHint> {
-    let innermost = kinds.iter().position(|k| *k == FrameKind::Python)?;
+pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
+    let innermost = (kinds.iter().position(|k| *k == FrameKind::Script))
+        .or_else(|| kinds.iter().position(|k| *k == FrameKind::Runtime))?;
     let eval = kinds[innermost..].iter().find_map(|k| match k {
         FrameKind::Native(file) => Some(*file),
-        FrameKind::Python => None,
+        _ => None,
     });
     let extension = |file: &str| {
         let name = file.rsplit('/').next().unwrap_or(file);
@@ -72,11 +99,12 @@ pub fn python_hint(kinds: &[FrameKind<'_>]) -> Option<PythonHint> {
     let interpreter = (0..innermost)
         .filter(|&i| match kinds[i] {
             FrameKind::Native(Some(file)) => eval == Some(Some(file)) || extension(file),
+            FrameKind::Runtime => true,
             _ => false,
         })
         .map(|i| i as u32)
         .collect();
-    Some(PythonHint {
+    Some(ScriptHint {
         innermost: innermost as u32,
         interpreter,
     })
@@ -122,10 +150,10 @@ impl Sites {
             .map_or(NO_STACK, String::as_str)
     }
 
-    /// As [`Self::site`], for a stack trace with Python frames where `hint` says (see the
-    /// module docs): the first frame inside the innermost Python frame that is neither a
-    /// wrapper nor the interpreter's own code, else the innermost Python frame.
-    pub fn site_hinted<'a>(&self, frames: &'a [String], hint: Option<&PythonHint>) -> &'a str {
+    /// As [`Self::site`], for a stack trace with script frames where `hint` says (see the
+    /// module docs): the first frame inside the innermost script frame that is neither a
+    /// wrapper nor the runtime's own code, else the innermost script frame.
+    pub fn site_hinted<'a>(&self, frames: &'a [String], hint: Option<&ScriptHint>) -> &'a str {
         let Some(h) = hint.filter(|h| (h.innermost as usize) < frames.len()) else {
             return self.site(frames);
         };
@@ -191,8 +219,8 @@ mod tests {
     }
 
     #[test]
-    fn python_stacks_named_by_their_code() {
-        use FrameKind::{Native, Python};
+    fn script_stacks_named_by_their_code() {
+        use FrameKind::{Native, Runtime, Script};
         let s = Sites::default();
         let py = Some("/usr/bin/python3.11");
         let libc = Some("/usr/lib/x86_64-linux-gnu/libc.so.6");
@@ -204,15 +232,15 @@ mod tests {
             Native(libc),
             Native(py),
             Native(json),
-            Python,
-            Python,
+            Script,
+            Script,
             Native(py),
             Native(py),
         ];
-        let h = python_hint(&kinds).unwrap();
+        let h = script_hint(&kinds).unwrap();
         assert_eq!(
             h,
-            PythonHint {
+            ScriptHint {
                 innermost: 3,
                 interpreter: vec![1, 2]
             }
@@ -229,12 +257,55 @@ mod tests {
         assert_eq!(s.site_hinted(&frames, Some(&h)), "loads");
         assert_eq!(s.site(&frames), "PyUnicode_New");
         // A C library called from Python (ctypes) keeps its own site.
-        let kinds = [Native(libc), Native(lost), Native(py), Python, Native(py)];
-        let h = python_hint(&kinds).unwrap();
+        let kinds = [Native(libc), Native(lost), Native(py), Script, Native(py)];
+        let h = script_hint(&kinds).unwrap();
         let frames = names(&["malloc", "lose_one", "_ctypes_callproc", "run", "eval"]);
         assert_eq!(s.site_hinted(&frames, Some(&h)), "lose_one");
-        // No Python frame, or a hint that does not fit: as before.
-        assert_eq!(python_hint(&[Native(libc), Native(py)]), None);
+        // node: V8's and node's C++, and node's own JavaScript (`node:buffer`'s `alloc`), are
+        // the runtime; the site is the program's function.
+        let node = Some("/usr/bin/node");
+        let kinds = [
+            Native(libc),
+            Native(node),
+            Runtime,
+            Runtime,
+            Native(node),
+            Script,
+            Native(node),
+        ];
+        let h = script_hint(&kinds).unwrap();
+        assert_eq!(h.interpreter, vec![1, 2, 3, 4]);
+        let frames = names(&[
+            "calloc",
+            "node::NodeArrayBufferAllocator::Allocate",
+            "createUnsafeBuffer",
+            "alloc",
+            "Builtins_InterpreterEntryTrampoline",
+            "makeBuffers",
+            "Builtins_JSEntryTrampoline",
+        ]);
+        assert_eq!(s.site_hinted(&frames, Some(&h)), "makeBuffers");
+        // Only node's own JavaScript (start-up): its innermost function.
+        let h = script_hint(&[Native(libc), Native(node), Runtime, Native(node)]).unwrap();
+        assert_eq!(
+            h,
+            ScriptHint {
+                innermost: 2,
+                interpreter: vec![1]
+            }
+        );
+        assert_eq!(
+            script_kind("JS:*makeBuffers /tmp/b.js:1:21", "/tmp/b.js"),
+            Some(Script)
+        );
+        assert_eq!(
+            script_kind("JS:~alloc node:buffer:389:30", "node:buffer"),
+            Some(Runtime)
+        );
+        assert_eq!(script_kind("py::run:app.py", "app.py"), Some(Script));
+        assert_eq!(script_kind("Builtin:ArrayPrototypePush", ""), None);
+        // No script frame, or a hint that does not fit: as before.
+        assert_eq!(script_hint(&[Native(libc), Native(py)]), None);
         assert_eq!(s.site_hinted(&names(&["malloc", "f"]), Some(&h)), "f");
     }
 

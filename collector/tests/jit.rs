@@ -223,6 +223,35 @@ fn heapdump_run_names_node_code_unasked() {
         under >= NODE_BYTES * 9 / 10,
         "{under} bytes under makeBuffers"
     );
+    // The Buffers' site is the program's function, not node's C++ or node's own `Buffer.alloc`
+    // (`node:buffer`): each is one calloc'd backing store, held from V8's heap.
+    let (ok, json, err) = heapdump_cmd(
+        &dir,
+        &[
+            "top",
+            "--retained",
+            "--json",
+            "--top",
+            "100000",
+            "--by-pid",
+            &pid.to_string(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let make = (v["sites"].as_array().unwrap().iter())
+        .find(|s| s["site"] == "makeBuffers")
+        .map(|s| {
+            (
+                s["blocks"].as_u64().unwrap(),
+                s["retained"].as_u64().unwrap(),
+            )
+        });
+    let (blocks, retained) = make.unwrap_or_default();
+    assert!(
+        blocks >= 2000 && retained >= NODE_BYTES as u64 * 9 / 10,
+        "makeBuffers: {blocks} blocks, {retained} bytes: {json}"
+    );
     let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
     assert!(map.exists(), "node wrote no perf map");
     assert_eq!(r.finish(), 0);

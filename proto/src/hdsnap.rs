@@ -136,10 +136,10 @@ pub struct Stack {
     /// Optional, parallel to `function`: source lines (0 unknown).
     #[prost(uint32, repeated, tag = "4")]
     pub line: Vec<u32>,
-    /// A stack with Python frames: the index of the innermost one (minor version 1).
+    /// A stack with script frames (Python's, JavaScript's): the index of the innermost one (minor version 1).
     #[prost(uint32, optional, tag = "5")]
-    pub python_innermost: Option<u32>,
-    /// With `python_innermost`: the indices of the frames inside it that are the interpreter's
+    pub script_innermost: Option<u32>,
+    /// With `script_innermost`: the indices of the frames inside it that are the interpreter's
     /// own code (minor version 1).
     #[prost(uint32, repeated, tag = "6")]
     pub interpreter: Vec<u32>,
@@ -278,7 +278,7 @@ mod tests {
                 function: vec!["f".into()],
                 file: vec![],
                 line: vec![9],
-                python_innermost: None,
+                script_innermost: None,
                 interpreter: vec![],
             })),
         };

@@ -28,7 +28,7 @@
 //! CRC-32 is checked, and nothing may follow it.
 
 use super::{Block, Graph, Root, RootKind};
-use crate::sites::PythonHint;
+use crate::sites::ScriptHint;
 use anyhow::{anyhow, bail, Context, Result};
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -99,9 +99,9 @@ pub struct Capture {
     pub graph: Graph,
     /// Function names of each stack id, innermost first (the recorder's frames left out).
     pub stacks: HashMap<u32, Vec<String>>,
-    /// Where the Python frames are in the stacks that have some (for their sites; empty in
+    /// Where the script frames are in the stacks that have some (for their sites; empty in
     /// a capture written before minor version 1).
-    pub hints: HashMap<u32, PythonHint>,
+    pub hints: HashMap<u32, ScriptHint>,
 }
 
 /// What [`write`] did (for the tests: records and the largest one).
@@ -117,8 +117,8 @@ struct WriteStats {
     plain: u64,
 }
 
-/// Writes `graph` with `header`, `stacks` and their Python `hints` (`Stack`'s
-/// `python_innermost` and `interpreter`) as a capture to `out`, streaming: the records are
+/// Writes `graph` with `header`, `stacks` and their script `hints` (`Stack`'s
+/// `script_innermost` and `interpreter`) as a capture to `out`, streaming: the records are
 /// encoded one at a time into a gzip stream over `out` (memory: one batch of at most
 /// [`BATCH_BLOCKS`] blocks and about [`BATCH_EDGES`] edges). Stacks are written in ascending id
 /// order, so equal inputs give equal files. `out` is not flushed beyond what gzip's `finish`
@@ -133,7 +133,7 @@ pub fn write(
     header: &CaptureHeader,
     graph: &Graph,
     stacks: &HashMap<u32, Vec<String>>,
-    hints: &HashMap<u32, PythonHint>,
+    hints: &HashMap<u32, ScriptHint>,
 ) -> io::Result<()> {
     write_counted(out, header, graph, stacks, hints).map(|_| ())
 }
@@ -208,7 +208,7 @@ fn write_counted(
     header: &CaptureHeader,
     graph: &Graph,
     stacks: &HashMap<u32, Vec<String>>,
-    hints: &HashMap<u32, PythonHint>,
+    hints: &HashMap<u32, ScriptHint>,
 ) -> io::Result<WriteStats> {
     check_graph(graph)?;
     if stacks.contains_key(&u32::MAX) {
@@ -259,7 +259,7 @@ fn write_counted(
             function: stacks[&id].clone(),
             file: Vec::new(),
             line: Vec::new(),
-            python_innermost: hint.map(|h| h.innermost),
+            script_innermost: hint.map(|h| h.innermost),
             interpreter: hint.map_or_else(Vec::new, |h| h.interpreter.clone()),
         }))?;
     }
@@ -521,7 +521,7 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
     };
     g.edge_start.push(0);
     let mut stacks: HashMap<u32, Vec<String>> = HashMap::with_capacity(n_stacks);
-    let mut hints: HashMap<u32, PythonHint> = HashMap::new();
+    let mut hints: HashMap<u32, ScriptHint> = HashMap::new();
     let mut block_bytes = 0u64;
     let footer = loop {
         let at = rr.count;
@@ -549,9 +549,9 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
                     bail!("capture is corrupt: a stack has the id meaning \"no stack\"");
                 }
                 // A hint that does not fit its stack is ignored by the sites (`site_hinted`).
-                if let Some(innermost) = s.python_innermost {
+                if let Some(innermost) = s.script_innermost {
                     let interpreter = s.interpreter.into_iter().filter(|&i| i < innermost);
-                    let hint = PythonHint {
+                    let hint = ScriptHint {
                         innermost,
                         interpreter: interpreter.collect(),
                     };
@@ -877,10 +877,10 @@ mod tests {
         std::fs::write(dir.path().join("gz"), &bytes[12..]).unwrap();
         assert!(!is_capture(&dir.path().join("gz")));
 
-        // The Python frames' positions come back as written; indices at or past the innermost
+        // The script frames' positions come back as written; indices at or past the innermost
         // Python frame are dropped.
         let id = *s.keys().next().unwrap();
-        let hint = PythonHint {
+        let hint = ScriptHint {
             innermost: 3,
             interpreter: vec![1, 2, 3, 7],
         };
@@ -888,7 +888,7 @@ mod tests {
         write(&mut out, &h, &g, &s, &HashMap::from([(id, hint)])).unwrap();
         let back = decode(&out).unwrap();
         assert_same(&back, &h, &g, &s);
-        let want = PythonHint {
+        let want = ScriptHint {
             innermost: 3,
             interpreter: vec![1, 2],
         };
@@ -1446,7 +1446,7 @@ mod tests {
     fn the_golden_v1_capture_is_read() {
         let (h, g, s) = golden();
         let c = read(Path::new(GOLDEN)).unwrap();
-        // Written by minor version 0, before the Python frames' positions.
+        // Written by minor version 0, before the script frames' positions.
         assert_eq!(c.format, (1, 0));
         assert_same(&c, &h, &g, &s);
         assert!(is_capture(Path::new(GOLDEN)));
