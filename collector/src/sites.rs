@@ -43,7 +43,8 @@ pub const DEFAULT_WRAPPERS: &str = concat!(
 pub struct ScriptHint {
     /// The innermost script frame of the program's own code.
     pub innermost: u32,
-    /// The frames inside it (indices below `innermost`) that are the runtime's own code.
+    /// The frames inside it (indices below `innermost`, ascending) that are the runtime's own
+    /// code.
     pub interpreter: Vec<u32>,
 }
 
@@ -159,7 +160,9 @@ impl Sites {
         };
         let inner = h.innermost as usize;
         (frames[..inner].iter().enumerate())
-            .find(|(i, f)| !h.interpreter.contains(&(*i as u32)) && !self.is_wrapper(f))
+            .find(|(i, f)| {
+                h.interpreter.binary_search(&(*i as u32)).is_err() && !self.is_wrapper(f)
+            })
             .map_or(frames[inner].as_str(), |(_, f)| f.as_str())
     }
 }

@@ -548,14 +548,20 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
                 if s.id == u32::MAX {
                     bail!("capture is corrupt: a stack has the id meaning \"no stack\"");
                 }
-                // A hint that does not fit its stack is ignored by the sites (`site_hinted`).
+                // Kept only when it fits its stack: the runtime's frames sorted, unique and
+                // inside the innermost script frame (so no longer than the stack).
                 if let Some(innermost) = s.script_innermost {
-                    let interpreter = s.interpreter.into_iter().filter(|&i| i < innermost);
-                    let hint = ScriptHint {
-                        innermost,
-                        interpreter: interpreter.collect(),
-                    };
-                    hints.insert(s.id, hint);
+                    if (innermost as usize) < s.function.len() {
+                        let mut interpreter = s.interpreter;
+                        interpreter.retain(|&i| i < innermost);
+                        interpreter.sort_unstable();
+                        interpreter.dedup();
+                        let hint = ScriptHint {
+                            innermost,
+                            interpreter,
+                        };
+                        hints.insert(s.id, hint);
+                    }
                 }
                 if stacks.insert(s.id, s.function).is_some() {
                     bail!("capture is corrupt: stack {} appears twice", s.id);
@@ -878,19 +884,31 @@ mod tests {
         assert!(!is_capture(&dir.path().join("gz")));
 
         // The script frames' positions come back as written; indices at or past the innermost
-        // Python frame are dropped.
-        let id = *s.keys().next().unwrap();
+        // script frame are dropped, the rest sorted and unique; a hint past its stack is not
+        // kept.
+        let id = *s.keys().find(|&&k| s[&k].len() == 2).unwrap();
         let hint = ScriptHint {
-            innermost: 3,
-            interpreter: vec![1, 2, 3, 7],
+            innermost: 1,
+            interpreter: vec![0, 1, 0, 5],
+        };
+        let past = ScriptHint {
+            innermost: 0,
+            interpreter: vec![],
         };
         let mut out = Vec::new();
-        write(&mut out, &h, &g, &s, &HashMap::from([(id, hint)])).unwrap();
+        write(
+            &mut out,
+            &h,
+            &g,
+            &s,
+            &HashMap::from([(id, hint), (77, past)]),
+        )
+        .unwrap();
         let back = decode(&out).unwrap();
         assert_same(&back, &h, &g, &s);
         let want = ScriptHint {
-            innermost: 3,
-            interpreter: vec![1, 2],
+            innermost: 1,
+            interpreter: vec![0],
         };
         assert_eq!(back.hints, HashMap::from([(id, want)]));
         assert!(read(&p).unwrap().hints.is_empty());
