@@ -296,12 +296,15 @@ pub fn stack_names_hinted(
         let mut names = Vec::new();
         // One per name: what its frame is (sites of stacks with script frames).
         let mut kinds: Vec<FrameKind<'_>> = Vec::new();
+        // One per name: its source file (a script frame's site names it).
+        let mut files: Vec<&str> = Vec::new();
         let mut leaf = true;
         for pc in frames {
             let a = pc.wrapping_sub(1);
             let Some(r) = resolved.get(&a) else {
                 names.push(format!("{a:#x}"));
                 kinds.push(FrameKind::Native(None));
+                files.push("");
                 leaf = false;
                 continue;
             };
@@ -326,11 +329,15 @@ pub fn stack_names_hinted(
                     None => format!("{a:#x}"),
                 });
                 kinds.push(kind);
+                files.push("");
             }
             names.extend(r.frames.iter().map(|f| f.function.clone()));
             kinds.resize(names.len(), kind);
+            files.extend(r.frames.iter().map(|f| f.file.as_str()));
         }
-        if let Some(h) = sites::script_hint(&kinds) {
+        if let Some(mut h) = sites::script_hint(&kinds) {
+            let i = h.innermost as usize;
+            h.label = sites::script_label(&names[i], files[i]);
             hints.insert(s, h);
         }
         out.insert(s, names);

@@ -171,9 +171,9 @@ pub fn location_frames(p: &pb::Profile) -> HashMap<u64, Vec<String>> {
 
 /// What each location of `p` is, for [`crate::sites::script_hint`]: a script frame (one line,
 /// in no mapping, whose function's system name [`crate::sites::script_kind`] knows: how
-/// `pprof.rs` writes CPython's frames and node's JavaScript), or native code in its mapping's
-/// file (`None`: no mapping).
-pub fn location_kinds(p: &pb::Profile) -> HashMap<u64, crate::sites::FrameKind<'_>> {
+/// `pprof.rs` writes CPython's frames and node's JavaScript) with its function's name and
+/// file, or native code in its mapping's file (`None`: no mapping).
+pub fn location_kinds(p: &pb::Profile) -> HashMap<u64, LocationKind<'_>> {
     use crate::sites::FrameKind;
     let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
     let functions: HashMap<u64, &pb::Function> = p.function.iter().map(|f| (f.id, f)).collect();
@@ -184,35 +184,47 @@ pub fn location_kinds(p: &pb::Profile) -> HashMap<u64, crate::sites::FrameKind<'
     (p.location.iter())
         .map(|l| {
             let script = match l.line.as_slice() {
-                [x] if l.mapping_id == 0 => functions
-                    .get(&x.function_id)
-                    .and_then(|f| crate::sites::script_kind(s(f.system_name), s(f.filename))),
+                [x] if l.mapping_id == 0 => functions.get(&x.function_id).and_then(|f| {
+                    let kind = crate::sites::script_kind(s(f.system_name), s(f.filename))?;
+                    Some((kind, s(f.name), s(f.filename)))
+                }),
                 _ => None,
             };
-            let kind = script.unwrap_or(FrameKind::Native(files.get(&l.mapping_id).copied()));
-            (l.id, kind)
+            let native = (FrameKind::Native(files.get(&l.mapping_id).copied()), "", "");
+            (l.id, script.unwrap_or(native))
         })
         .collect()
 }
 
-/// The [`crate::sites::ScriptHint`] of a sample's stack, its locations innermost first;
-/// `frames(l)`: how many frames location `l` has in the names used for its site (those of
-/// [`location_frames`]; `None`: left out), their kinds in `kinds` (from [`location_kinds`]).
+/// What [`location_kinds`] says of a location: its kind, and a script frame's function name
+/// and file (empty for native code).
+pub type LocationKind<'p> = (crate::sites::FrameKind<'p>, &'p str, &'p str);
+
+/// The [`crate::sites::ScriptHint`] of a sample's stack (with its label), its locations
+/// innermost first; `frames(l)`: how many frames location `l` has in the names used for its
+/// site (those of [`location_frames`]; `None`: left out), their kinds in `kinds` (from
+/// [`location_kinds`]).
 pub fn sample_hint(
     locations: &[u64],
     frames: impl Fn(&u64) -> Option<usize>,
-    kinds: &HashMap<u64, crate::sites::FrameKind<'_>>,
+    kinds: &HashMap<u64, LocationKind<'_>>,
 ) -> Option<crate::sites::ScriptHint> {
+    use crate::sites::FrameKind;
     let mut each = Vec::new();
+    let mut at = Vec::new();
     for l in locations {
         let Some(n) = frames(l) else { continue };
-        let kind = kinds
+        let k = kinds
             .get(l)
             .copied()
-            .unwrap_or(crate::sites::FrameKind::Native(None));
-        each.extend(std::iter::repeat_n(kind, n));
+            .unwrap_or((FrameKind::Native(None), "", ""));
+        each.extend(std::iter::repeat_n(k.0, n));
+        at.extend(std::iter::repeat_n(k, n));
     }
-    crate::sites::script_hint(&each)
+    let mut h = crate::sites::script_hint(&each)?;
+    let (_, function, file) = at[h.innermost as usize];
+    h.label = crate::sites::script_label(function, file);
+    Some(h)
 }
 
 /// The folded stacks of profile `p`, valued by sample type `index` (see [`sample_index`]).

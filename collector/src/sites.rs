@@ -46,6 +46,31 @@ pub struct ScriptHint {
     /// The frames inside it (indices below `innermost`, ascending) that are the runtime's own
     /// code.
     pub interpreter: Vec<u32>,
+    /// The site's name when it is the innermost script frame ([`script_label`]: function and
+    /// file, as py-spy and memray show Python code); empty: the frame's function name.
+    pub label: String,
+}
+
+/// A script frame's name as a site: `FUNCTION (FILE)`, FILE the source file's name without
+/// its directories (`build_names (app.py)`, `makeBuffers (server.js)`), with its directory for
+/// a package's `__init__.py`/`__main__.py` or a JavaScript `index.*` (`<module>
+/// (json/__init__.py)`): functions of the same name in different files (`__init__`,
+/// `<module>`, `<lambda>`, `(anonymous)`) are different sites. Just `FUNCTION` without a file.
+pub fn script_label(function: &str, file: &str) -> String {
+    let file = file.strip_prefix("file://").unwrap_or(file);
+    if file.is_empty() {
+        return function.to_owned();
+    }
+    let mut parts = file.rsplit('/');
+    let base = parts.next().unwrap_or(file);
+    let generic = matches!(
+        base,
+        "__init__.py" | "__main__.py" | "index.js" | "index.mjs" | "index.cjs"
+    );
+    match parts.next().filter(|d| generic && !d.is_empty()) {
+        Some(dir) => format!("{function} ({dir}/{base})"),
+        None => format!("{function} ({base})"),
+    }
 }
 
 /// What a frame of a stack trace is, for [`script_hint`].
@@ -108,6 +133,7 @@ pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
     Some(ScriptHint {
         innermost: innermost as u32,
         interpreter,
+        label: String::new(),
     })
 }
 
@@ -154,16 +180,21 @@ impl Sites {
     /// As [`Self::site`], for a stack trace with script frames where `hint` says (see the
     /// module docs): the first frame inside the innermost script frame that is neither a
     /// wrapper nor the runtime's own code, else the innermost script frame.
-    pub fn site_hinted<'a>(&self, frames: &'a [String], hint: Option<&ScriptHint>) -> &'a str {
+    pub fn site_hinted<'a>(&self, frames: &'a [String], hint: Option<&'a ScriptHint>) -> &'a str {
         let Some(h) = hint.filter(|h| (h.innermost as usize) < frames.len()) else {
             return self.site(frames);
         };
         let inner = h.innermost as usize;
+        let script = if h.label.is_empty() {
+            frames[inner].as_str()
+        } else {
+            h.label.as_str()
+        };
         (frames[..inner].iter().enumerate())
             .find(|(i, f)| {
                 h.interpreter.binary_search(&(*i as u32)).is_err() && !self.is_wrapper(f)
             })
-            .map_or(frames[inner].as_str(), |(_, f)| f.as_str())
+            .map_or(script, |(_, f)| f.as_str())
     }
 }
 
@@ -245,7 +276,8 @@ mod tests {
             h,
             ScriptHint {
                 innermost: 3,
-                interpreter: vec![1, 2]
+                interpreter: vec![1, 2],
+                label: String::new(),
             }
         );
         let frames = names(&[
@@ -294,7 +326,8 @@ mod tests {
             h,
             ScriptHint {
                 innermost: 2,
-                interpreter: vec![1]
+                interpreter: vec![1],
+                label: String::new(),
             }
         );
         assert_eq!(
@@ -307,6 +340,17 @@ mod tests {
         );
         assert_eq!(script_kind("py::run:app.py", "app.py"), Some(Script));
         assert_eq!(script_kind("Builtin:ArrayPrototypePush", ""), None);
+        // With its label (function and file).
+        let mut h = script_hint(&kinds).unwrap();
+        h.label = script_label("makeBuffers", "file:///srv/app/server.js");
+        assert_eq!(s.site_hinted(&frames, Some(&h)), "makeBuffers (server.js)");
+        assert_eq!(
+            script_label("<module>", "/usr/lib/python3.11/json/__init__.py"),
+            "<module> (json/__init__.py)"
+        );
+        assert_eq!(script_label("f", "<string>"), "f (<string>)");
+        assert_eq!(script_label("f", ""), "f");
+        assert_eq!(script_label("g", "index.js"), "g (index.js)");
         // No script frame, or a hint that does not fit: as before.
         assert_eq!(script_hint(&[Native(libc), Native(py)]), None);
         assert_eq!(s.site_hinted(&names(&["malloc", "f"]), Some(&h)), "f");

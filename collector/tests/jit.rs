@@ -240,7 +240,7 @@ fn heapdump_run_names_node_code_unasked() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let make = (v["sites"].as_array().unwrap().iter())
-        .find(|s| s["site"] == "makeBuffers")
+        .find(|s| s["site"] == "makeBuffers (make_buffers.js)")
         .map(|s| {
             (
                 s["blocks"].as_u64().unwrap(),

@@ -143,6 +143,10 @@ pub struct Stack {
     /// own code (minor version 1).
     #[prost(uint32, repeated, tag = "6")]
     pub interpreter: Vec<u32>,
+    /// With `script_innermost`: the site's name when it is that frame, `FUNCTION (FILE)`
+    /// (minor version 1; empty: its function name).
+    #[prost(string, tag = "7")]
+    pub script_site: String,
 }
 
 /// A batch of consecutive blocks in address order with their edges (one element per block in
@@ -280,6 +284,7 @@ mod tests {
                 line: vec![9],
                 script_innermost: None,
                 interpreter: vec![],
+                script_site: String::new(),
             })),
         };
         assert_eq!(

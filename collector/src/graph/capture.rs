@@ -261,6 +261,7 @@ fn write_counted(
             line: Vec::new(),
             script_innermost: hint.map(|h| h.innermost),
             interpreter: hint.map_or_else(Vec::new, |h| h.interpreter.clone()),
+            script_site: hint.map_or_else(String::new, |h| h.label.clone()),
         }))?;
     }
 
@@ -559,6 +560,7 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
                         let hint = ScriptHint {
                             innermost,
                             interpreter,
+                            label: s.script_site,
                         };
                         hints.insert(s.id, hint);
                     }
@@ -890,10 +892,12 @@ mod tests {
         let hint = ScriptHint {
             innermost: 1,
             interpreter: vec![0, 1, 0, 5],
+            label: "main (app.py)".into(),
         };
         let past = ScriptHint {
             innermost: 0,
             interpreter: vec![],
+            label: String::new(),
         };
         let mut out = Vec::new();
         write(
@@ -909,6 +913,7 @@ mod tests {
         let want = ScriptHint {
             innermost: 1,
             interpreter: vec![0],
+            label: "main (app.py)".into(),
         };
         assert_eq!(back.hints, HashMap::from([(id, want)]));
         assert!(read(&p).unwrap().hints.is_empty());
