@@ -309,6 +309,28 @@ fn heapdump_run_names_node_code_unasked() {
             remove_jit_files(pid);
         }
     }
+    // A script node runs (`#!/usr/bin/env node`, as npm's and yarn's are) gets the flags too,
+    // and its map goes at exit.
+    let app = cwd.path().join("app.js");
+    std::fs::write(
+        &app,
+        "#!/usr/bin/env node\nconsole.log(process.pid, process.env.NODE_OPTIONS)\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&app, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(heapdump())
+        .args(["run", "--"])
+        .arg(&app)
+        .env("HEAPDUMP_DIR", &dir)
+        .env_remove("NODE_OPTIONS")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let (pid, options) = said.trim().split_once(' ').unwrap();
+    assert_eq!(options, FLAGS);
+    assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
     // A process that is not node keeps a perf map of its own (the shell writes one and exits).
     let (said, _) = run(
         &[],

@@ -3,7 +3,7 @@
 use crate::cli;
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What `run` starts.
 #[derive(Debug, Clone)]
@@ -129,18 +129,11 @@ pub fn run(a: Options) -> Result<()> {
 /// range of their own too. Both are among the V8 options node accepts in `NODE_OPTIONS`.
 const NODE_FLAGS: &str = "--perf-basic-prof --interpreted-frames-native-stack";
 
-/// `NODE_OPTIONS` for `command` with [`NODE_FLAGS`] added, when it runs node (`node`,
-/// `nodejs`, `node22`: its file name) and neither `current` nor its arguments already ask
-/// node for a perf map or a jitdump (`--perf-basic-prof…`, `--perf-prof…`); else `None`.
+/// `NODE_OPTIONS` for `command` with [`NODE_FLAGS`] added, when it runs node (see
+/// [`runs_node`]) and neither `current` nor its arguments already ask node for a perf map or a
+/// jitdump (`--perf-basic-prof…`, `--perf-prof…`); else `None`.
 fn node_options(command: &[OsString], current: Option<OsString>) -> Option<OsString> {
-    let name = std::path::Path::new(command.first()?)
-        .file_name()?
-        .to_str()?;
-    let is_node = name == "nodejs"
-        || name
-            .strip_prefix("node")
-            .is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()));
-    if !is_node {
+    if !runs_node(command.first()?) {
         return None;
     }
     let asks = |s: &str| s.starts_with("--perf-basic-prof") || s.starts_with("--perf-prof");
@@ -157,6 +150,65 @@ fn node_options(command: &[OsString], current: Option<OsString>) -> Option<OsStr
     }
     out.push(NODE_FLAGS);
     Some(out)
+}
+
+/// Whether `command` runs node: its file name is node's (`node`, `nodejs`, `node22`), or it is
+/// a script whose `#!` line runs node (`#!/usr/bin/env node`: npm, npx, yarn, an executable
+/// `.js` file), looked up in `PATH` as `execvp` does.
+fn runs_node(command: &std::ffi::OsStr) -> bool {
+    use std::io::Read;
+    if Path::new(command).file_name().is_some_and(is_node_name) {
+        return true;
+    }
+    let Some(path) = resolve(command) else {
+        return false;
+    };
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(&path)
+        .and_then(|f| f.take(head.len() as u64).read(&mut head))
+        .unwrap_or(0);
+    shebang_runs_node(&head[..n])
+}
+
+/// Whether a file starting with `head` is a script whose `#!` line names node as its
+/// interpreter or, through `env` (`-S` and its options allowed), its command.
+fn shebang_runs_node(head: &[u8]) -> bool {
+    let Some(rest) = head.strip_prefix(b"#!") else {
+        return false;
+    };
+    let line = rest.split(|&b| b == b'\n').next().unwrap_or(rest);
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_ascii_whitespace();
+    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
+    match words.next().map(base) {
+        Some(first) if first == "env" => words
+            .find(|w| !w.starts_with('-'))
+            .is_some_and(|w| is_node_name(std::ffi::OsStr::new(&base(w)))),
+        Some(first) => is_node_name(std::ffi::OsStr::new(&first)),
+        None => false,
+    }
+}
+
+/// Whether an executable's file name is node's: `node`, `nodejs`, or `node` and a version's
+/// digits (`node22`); not `nodemon` or `node-gyp`.
+fn is_node_name(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_some_and(|n| {
+        n == "nodejs"
+            || n.strip_prefix("node")
+                .is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// The file `command` names: itself when it has a slash, else the first executable file of
+/// that name in `PATH` (as `execvp` looks it up); `None` when there is none.
+fn resolve(command: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if command.as_encoded_bytes().contains(&b'/') {
+        return Some(PathBuf::from(command));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(command))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
 }
 
 /// Removes `/tmp/perf-PID.map` if it is a regular file of ours (node's, written because of
@@ -189,13 +241,7 @@ fn preload_ignored(command: &std::ffi::OsStr) -> Option<String> {
     use object::read::elf::{FileHeader, ProgramHeader};
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let path = if command.as_encoded_bytes().contains(&b'/') {
-        PathBuf::from(command)
-    } else {
-        std::env::split_paths(&std::env::var_os("PATH")?)
-            .map(|d| d.join(command))
-            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))?
-    };
+    let path = resolve(command)?;
     let meta = std::fs::metadata(&path).ok()?;
     if !meta.is_file() {
         return None;
@@ -359,14 +405,27 @@ mod tests {
         for node in ["node", "nodejs", "node22", "/usr/local/bin/node"] {
             assert_eq!(opts(&[node, "app.js"], None), flags, "{node}");
         }
-        for other in [
-            "nodemon",
-            "node-gyp",
-            "npm",
-            "python3",
-            "/opt/node/bin/deno",
-        ] {
+        for other in ["nodemon", "node-gyp", "python3", "/opt/node/bin/deno"] {
             assert_eq!(opts(&[other, "app.js"], None), None, "{other}");
+        }
+        // Scripts run by node, through env or not; not those of another interpreter.
+        for head in [
+            "#!/usr/bin/env node\n",
+            "#!/usr/bin/node",
+            "#! /usr/bin/env -S node --max-old-space-size=300\nx",
+            "#!/opt/n/bin/node22 --harmony\n",
+        ] {
+            assert!(shebang_runs_node(head.as_bytes()), "{head:?}");
+        }
+        for head in [
+            "#!/bin/sh\nexec node app.js\n",
+            "#!/usr/bin/env python3\n",
+            "#!/usr/bin/env nodemon\n",
+            "console.log(1)",
+            "#!",
+            "\x7fELF",
+        ] {
+            assert!(!shebang_runs_node(head.as_bytes()), "{head:?}");
         }
         assert_eq!(
             opts(&["node", "app.js"], Some("  --max-old-space-size=300 ")),
