@@ -338,6 +338,9 @@ pub fn stack_names_hinted(
         if let Some(mut h) = sites::script_hint(&kinds) {
             let i = h.innermost as usize;
             h.label = sites::script_label(&names[i], files[i]);
+            for (i, label) in &mut h.outer {
+                *label = sites::script_label(&names[*i as usize], files[*i as usize]);
+            }
             hints.insert(s, h);
         }
         out.insert(s, names);

@@ -224,6 +224,10 @@ pub fn sample_hint(
     let mut h = crate::sites::script_hint(&each)?;
     let (_, function, file) = at[h.innermost as usize];
     h.label = crate::sites::script_label(function, file);
+    for (i, label) in &mut h.outer {
+        let (_, function, file) = at[*i as usize];
+        *label = crate::sites::script_label(function, file);
+    }
     Some(h)
 }
 

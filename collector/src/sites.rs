@@ -49,6 +49,10 @@ pub struct ScriptHint {
     /// The site's name when it is the innermost script frame ([`script_label`]: function and
     /// file, as py-spy and memray show Python code); empty: the frame's function name.
     pub label: String,
+    /// The stack's other script frames of the program's own code, outside the innermost
+    /// (indices ascending), with their labels: the site when `--drop-frames` drops the ones
+    /// inside them.
+    pub outer: Vec<(u32, String)>,
 }
 
 /// A script frame's name as a site: `FUNCTION (FILE)`, FILE the source file's name without
@@ -114,6 +118,10 @@ pub fn script_kind(system: &str, file: &str) -> Option<FrameKind<'static>> {
 pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
     let innermost = (kinds.iter().position(|k| *k == FrameKind::Script))
         .or_else(|| kinds.iter().position(|k| *k == FrameKind::Runtime))?;
+    let outer = ((innermost + 1)..kinds.len())
+        .filter(|&i| kinds[innermost] == FrameKind::Script && kinds[i] == FrameKind::Script)
+        .map(|i| (i as u32, String::new()))
+        .collect();
     let eval = kinds[innermost..].iter().find_map(|k| match k {
         FrameKind::Native(file) => Some(*file),
         _ => None,
@@ -134,6 +142,7 @@ pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
         innermost: innermost as u32,
         interpreter,
         label: String::new(),
+        outer,
     })
 }
 
@@ -185,16 +194,32 @@ impl Sites {
             return self.site(frames);
         };
         let inner = h.innermost as usize;
-        let script = if h.label.is_empty() {
-            frames[inner].as_str()
-        } else {
-            h.label.as_str()
+        let named = |i: usize, label: &'a str| -> &'a str {
+            if label.is_empty() {
+                frames[i].as_str()
+            } else {
+                label
+            }
         };
-        (frames[..inner].iter().enumerate())
-            .find(|(i, f)| {
-                h.interpreter.binary_search(&(*i as u32)).is_err() && !self.is_wrapper(f)
-            })
-            .map_or(script, |(_, f)| f.as_str())
+        let native = (frames[..inner].iter().enumerate()).find(|(i, f)| {
+            h.interpreter.binary_search(&(*i as u32)).is_err() && !self.is_wrapper(f)
+        });
+        if let Some((_, f)) = native {
+            return f;
+        }
+        // The script frames from the innermost out, past those `--drop-frames` drops; the
+        // outermost when it drops them all.
+        let scripts = std::iter::once((inner, h.label.as_str()))
+            .chain(h.outer.iter().map(|(i, l)| (*i as usize, l.as_str())))
+            .filter(|(i, _)| *i < frames.len());
+        let mut last = (inner, h.label.as_str());
+        for (i, label) in scripts {
+            if !self.is_wrapper(&frames[i]) {
+                return named(i, label);
+            }
+            last = (i, label);
+        }
+        named(last.0, last.1)
     }
 }
 
@@ -278,6 +303,7 @@ mod tests {
                 innermost: 3,
                 interpreter: vec![1, 2],
                 label: String::new(),
+                outer: vec![(4, String::new())],
             }
         );
         let frames = names(&[
@@ -328,6 +354,7 @@ mod tests {
                 innermost: 2,
                 interpreter: vec![1],
                 label: String::new(),
+                outer: vec![],
             }
         );
         assert_eq!(
@@ -340,6 +367,23 @@ mod tests {
         );
         assert_eq!(script_kind("py::run:app.py", "app.py"), Some(Script));
         assert_eq!(script_kind("Builtin:ArrayPrototypePush", ""), None);
+        // `--drop-frames` dropping the innermost script function: its caller's.
+        let d = Sites::new(Some("makeBuffers")).unwrap();
+        let kinds = [
+            Native(libc),
+            Native(node),
+            Script,
+            Script,
+            Native(node),
+            Script,
+        ];
+        let mut h = script_hint(&kinds).unwrap();
+        assert_eq!(h.outer, vec![(3, String::new()), (5, String::new())]);
+        h.outer[0].1 = "serve (app.js)".into();
+        let frames = names(&["calloc", "x", "makeBuffers", "serve", "y", "main"]);
+        assert_eq!(d.site_hinted(&frames, Some(&h)), "serve (app.js)");
+        let d = Sites::new(Some("makeBuffers|serve|main")).unwrap();
+        assert_eq!(d.site_hinted(&frames, Some(&h)), "main");
         // With its label (function and file).
         let mut h = script_hint(&kinds).unwrap();
         h.label = script_label("makeBuffers", "file:///srv/app/server.js");

@@ -545,8 +545,9 @@ sys.stdin.read()
 /// 100,000 strings `build_names` keeps by `build_names (sites.py)` (before: `PyUnicode_New`,
 /// the interpreter's function that allocated them), while zlib's C code, a library outside the
 /// interpreter, keeps its own site (`deflateInit2_`, at least 4 blocks for each of the 50
-/// compressors). The same from a graph capture (`.hdsnap`), which carries the Python frames'
-/// positions. On each version, 3.6 to 3.13.
+/// compressors); with `--drop-frames '^build_names$'`, its caller `<module> (sites.py)`. The
+/// same from a graph capture (`.hdsnap`), which carries the Python frames' positions. On each
+/// version, 3.6 to 3.13.
 #[test]
 fn python_sites_are_python_functions() {
     let mut all = pythons("python_sites_are_python_functions");
@@ -583,6 +584,16 @@ fn python_sites_are_python_functions() {
             assert!(blocks >= 50 * 4, "{label} {source:?}: {json}");
             let (blocks, _) = sites.get("PyUnicode_New").copied().unwrap_or_default();
             assert!(blocks < 10_000, "{label} {source:?}: {json}");
+            // `--drop-frames` dropping the Python function: its caller is the site.
+            args.extend(["--drop-frames", "^build_names$"]);
+            let (ok, json, err) = heapdump_cmd(&dir, &args);
+            assert!(ok, "{label}: {err}");
+            let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+            let caller = (v["sites"].as_array().unwrap().iter())
+                .find(|s| s["site"] == "<module> (sites.py)")
+                .and_then(|s| s["blocks"].as_u64())
+                .unwrap_or_default();
+            assert!(caller >= 100_000, "{label} {source:?}: {json}");
         }
         assert_eq!(r.finish(), 0);
     }

@@ -147,6 +147,13 @@ pub struct Stack {
     /// (minor version 1; empty: its function name).
     #[prost(string, tag = "7")]
     pub script_site: String,
+    /// With `script_innermost`: the stack's other script frames of the program's own code,
+    /// outside it (minor version 1).
+    #[prost(uint32, repeated, tag = "8")]
+    pub script_outer: Vec<u32>,
+    /// Parallel to `script_outer`: their names as sites (minor version 1).
+    #[prost(string, repeated, tag = "9")]
+    pub script_outer_sites: Vec<String>,
 }
 
 /// A batch of consecutive blocks in address order with their edges (one element per block in
@@ -285,6 +292,8 @@ mod tests {
                 script_innermost: None,
                 interpreter: vec![],
                 script_site: String::new(),
+                script_outer: vec![],
+                script_outer_sites: vec![],
             })),
         };
         assert_eq!(

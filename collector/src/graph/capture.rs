@@ -262,6 +262,9 @@ fn write_counted(
             script_innermost: hint.map(|h| h.innermost),
             interpreter: hint.map_or_else(Vec::new, |h| h.interpreter.clone()),
             script_site: hint.map_or_else(String::new, |h| h.label.clone()),
+            script_outer: hint.map_or_else(Vec::new, |h| h.outer.iter().map(|o| o.0).collect()),
+            script_outer_sites: (hint
+                .map_or_else(Vec::new, |h| h.outer.iter().map(|o| o.1.clone()).collect())),
         }))?;
     }
 
@@ -557,10 +560,18 @@ pub fn read_from(mut r: impl BufRead, file_len: Option<u64>) -> Result<Capture> 
                         interpreter.retain(|&i| i < innermost);
                         interpreter.sort_unstable();
                         interpreter.dedup();
+                        let mut labels = s.script_outer_sites.into_iter();
+                        let mut outer: Vec<(u32, String)> = (s.script_outer.iter())
+                            .map(|&i| (i, labels.next().unwrap_or_default()))
+                            .filter(|(i, _)| *i > innermost && (*i as usize) < s.function.len())
+                            .collect();
+                        outer.sort_by_key(|o| o.0);
+                        outer.dedup_by_key(|o| o.0);
                         let hint = ScriptHint {
                             innermost,
                             interpreter,
                             label: s.script_site,
+                            outer,
                         };
                         hints.insert(s.id, hint);
                     }
@@ -893,11 +904,13 @@ mod tests {
             innermost: 1,
             interpreter: vec![0, 1, 0, 5],
             label: "main (app.py)".into(),
+            outer: vec![(7, "far".into()), (1, "in".into())],
         };
         let past = ScriptHint {
             innermost: 0,
             interpreter: vec![],
             label: String::new(),
+            outer: vec![],
         };
         let mut out = Vec::new();
         write(
@@ -914,6 +927,7 @@ mod tests {
             innermost: 1,
             interpreter: vec![0],
             label: "main (app.py)".into(),
+            outer: vec![],
         };
         assert_eq!(back.hints, HashMap::from([(id, want)]));
         assert!(read(&p).unwrap().hints.is_empty());
