@@ -160,14 +160,20 @@ fn runs_node(command: &std::ffi::OsStr) -> bool {
     if Path::new(command).file_name().is_some_and(is_node_name) {
         return true;
     }
-    let Some(path) = resolve(command) else {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(path) = resolve(command).filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+    else {
         return false;
     };
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(&path)
-        .and_then(|f| f.take(head.len() as u64).read(&mut head))
-        .unwrap_or(0);
-    shebang_runs_node(&head[..n])
+    // Non-blocking, as `preload_ignored` opens it: a file replaced by a FIFO meanwhile must not
+    // hang `run` before its `exec` fails.
+    let mut head = Vec::with_capacity(256);
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(&path)
+        .and_then(|f| f.take(256).read_to_end(&mut head));
+    read.is_ok() && shebang_runs_node(&head)
 }
 
 /// Whether a file starting with `head` is a script whose `#!` line names node as its
