@@ -49,12 +49,16 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
         let name = e
             .info
             .as_ref()
-            .map(regions::command_name)
+            .map(regions::command_label)
             .unwrap_or_default();
         match one(e, p.with_tags, p.lock_timeout) {
             Ok(c) => {
                 for w in &c.meta.warnings {
-                    eprintln!("heapdump: pid {} ({name}): warning: {w}", e.file.pid);
+                    eprintln!(
+                        "heapdump: pid {} ({name}): warning: {}",
+                        e.file.pid,
+                        regions::shown(w)
+                    );
                 }
                 eprintln!(
                     "heapdump: pid {} ({name}): {} live blocks, {} bytes",

@@ -36,7 +36,12 @@ impl Strings {
             index: HashMap::from([(String::new(), 0)]),
         }
     }
+    /// The index of `s` in the string table, added if new. Control characters are escaped
+    /// ([`crate::regions::shown`]): every string of a profile (function and file names, the
+    /// command line in a comment, labels) is shown by a viewer such as `go tool pprof -top`,
+    /// and many come from the profiled program.
     fn id(&mut self, s: &str) -> i64 {
+        let s = &*crate::regions::shown(s);
         if let Some(&i) = self.index.get(s) {
             return i;
         }

@@ -161,6 +161,15 @@ pub fn resolve(
             },
         );
     }
+    // Names from the program's binaries, perf map and Python code are shown in tables and
+    // messages: no control character of theirs reaches a terminal.
+    for f in out.values_mut().flat_map(|r| r.frames.iter_mut()) {
+        for s in [&mut f.function, &mut f.file] {
+            if let std::borrow::Cow::Owned(e) = crate::regions::shown(s) {
+                *s = e;
+            }
+        }
+    }
     out
 }
 

@@ -806,15 +806,35 @@ pub fn show_cmdline(cmdline: &[String]) -> String {
         if i > 0 {
             out.push(' ');
         }
-        for c in arg.chars() {
-            if c.is_control() {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-        }
+        out.push_str(&shown(arg));
     }
     out
+}
+
+/// `text` for a terminal, a table or a profile: each control character (a newline, a tab, an
+/// escape sequence's ESC, a BEL) written as Rust escapes it (`\n`, `\t`, `\u{1b}`, `\u{7}`).
+/// For every string the profiled program controls (its command line, the region's warnings,
+/// function and file names from its binaries, perf map or Python code), so that what it
+/// chose cannot move the cursor, retitle the window or forge a line of heapdump's output.
+/// Borrowed when there is nothing to escape.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// [`command_name`] for a message or a table: control characters escaped ([`shown`]).
+pub fn command_label(info: &RegionInfo) -> String {
+    shown(&command_name(info)).into_owned()
 }
 
 /// A region file with its header read.

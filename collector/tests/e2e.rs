@@ -530,6 +530,77 @@ fn multi_line_command_lines_are_escaped() {
     assert_eq!(b.finish(), 0);
 }
 
+/// What the profiled program chooses (its argv[0], a setting's value that comes back in a
+/// warning, and so its process name) never reaches the terminal, or a viewer of the profile,
+/// as control characters: `snapshot`'s and `watch`'s lines, `list`'s warnings and every string
+/// of the profile (`go tool pprof -top` prints its comments and names) show them escaped.
+#[test]
+fn names_the_program_chose_are_escaped() {
+    use std::os::unix::process::CommandExt;
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("escaped-names");
+    let evil = "\x1b]0;PWNED\x07\x1b[2J\nheapdump: pid 1 (sshd)";
+    let mut cmd = Command::new(&exe);
+    cmd.arg0(evil).env("HEAPDUMP_UNWIND", "\x1b[31mred\x07");
+    let r = start(cmd, &dir, true);
+    let pid = r.pid().to_string();
+    let shown = "\\u{1b}]0;PWNED\\u{7}\\u{1b}[2J\\nheapdump: pid 1 (sshd)";
+    let out = dir.join("escaped.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(&format!("pid {pid} ({shown}, alive): 1110 live blocks")),
+        "{err:?}"
+    );
+    let (ok, list, err) = heapdump_cmd(&dir, &["list"]);
+    assert!(ok, "{err}");
+    assert!(
+        list.contains("warning: HEAPDUMP_UNWIND=\\u{1b}[31mred\\u{7} is neither"),
+        "{list:?}"
+    );
+    let wdir = dir.join("watched");
+    let (ok, _, werr) = heapdump_cmd(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid,
+            "--every",
+            "1s",
+            "--count",
+            "1",
+            "-o",
+            wdir.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{werr}");
+    assert!(
+        werr.contains(&format!("pid {pid} ({shown}): watching")),
+        "{werr:?}"
+    );
+    for text in [&err, &list, &werr] {
+        assert!(!text.contains(['\x1b', '\x07']), "{text:?}");
+    }
+    let p = decode(&out);
+    let bad: Vec<&String> = (p.string_table.iter())
+        .filter(|s| s.chars().any(char::is_control))
+        .collect();
+    assert!(bad.is_empty(), "control characters in the profile: {bad:?}");
+    let comments: Vec<&str> = p
+        .comment
+        .iter()
+        .map(|&i| p.string_table[i as usize].as_str())
+        .collect();
+    assert!(
+        comments.contains(&format!("heapdump snapshot of pid {pid} ({shown}), alive").as_str()),
+        "{comments:?}"
+    );
+    assert_eq!(r.finish(), 0);
+}
+
 /// Issue 22 D11: a kept region (`HEAPDUMP_KEEP=1`) of a process that exited without
 /// allocating anything is left out of `list`'s table, which says so; `--json` has it.
 #[test]

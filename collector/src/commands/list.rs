@@ -99,7 +99,7 @@ pub fn run(a: Options) -> Result<()> {
                     println!("{:>8}  recording stopped: {r}", "");
                 }
                 for w in &i.warnings {
-                    println!("{:>8}  warning: {w}", "");
+                    println!("{:>8}  warning: {}", "", regions::shown(w));
                 }
                 if a.snapshots {
                     // Per name, the number `--named NAME@N` takes.

@@ -95,7 +95,7 @@ pub fn run(p: SnapshotProps) -> Result<()> {
         c.stacks.len()
     ));
     for w in &c.meta.warnings {
-        eprintln!("heapdump: warning: {w}");
+        eprintln!("heapdump: warning: {}", regions::shown(w));
     }
     let (mut profile, mut blocks) = pprof::build(
         &c,
@@ -158,7 +158,7 @@ pub fn run(p: SnapshotProps) -> Result<()> {
     eprintln!(
         "heapdump: pid {} ({}, {}): {} live blocks, {} bytes{what} -> {}",
         c.info.pid,
-        regions::command_name(&c.info),
+        regions::command_label(&c.info),
         liveness.as_str(),
         c.meta.blocks,
         c.meta.bytes,

@@ -281,8 +281,10 @@ fn round(
             .as_ref()
             .map(regions::command_name)
             .unwrap_or_default();
+        // In messages: the name with control characters escaped (the file name has its own).
+        let label = regions::shown(&name);
         if let std::collections::btree_map::Entry::Vacant(v) = followed.entry(e.file.pid) {
-            eprintln!("heapdump: pid {} ({name}): watching", e.file.pid);
+            eprintln!("heapdump: pid {} ({label}): watching", e.file.pid);
             v.insert(Followed {
                 name: name.clone(),
                 start_ticks: e.file.start_ticks,
@@ -296,13 +298,13 @@ fn round(
                 if regions::proc_start_ticks(e.file.pid) != Some(e.file.start_ticks) {
                     followed.remove(&e.file.pid);
                     eprintln!(
-                        "heapdump: pid {} ({name}): exited; no longer watched",
+                        "heapdump: pid {} ({label}): exited; no longer watched",
                         e.file.pid
                     );
                 } else {
                     tally.failed += 1;
                     eprintln!(
-                        "heapdump: pid {} ({name}): snapshot failed: {why}",
+                        "heapdump: pid {} ({label}): snapshot failed: {why}",
                         e.file.pid
                     );
                 }
@@ -310,7 +312,11 @@ fn round(
             }
         };
         for warning in &c.meta.warnings {
-            eprintln!("heapdump: pid {} ({name}): warning: {warning}", e.file.pid);
+            eprintln!(
+                "heapdump: pid {} ({label}): warning: {}",
+                e.file.pid,
+                regions::shown(warning)
+            );
         }
         let (profile, _) = pprof::build(
             &c,
@@ -340,7 +346,7 @@ fn round(
                 }
                 Err(err) => {
                     tally.failed += 1;
-                    eprintln!("heapdump: pid {} ({name}): {err:#}", e.file.pid);
+                    eprintln!("heapdump: pid {} ({label}): {err:#}", e.file.pid);
                 }
             }
         }
@@ -357,7 +363,7 @@ fn round(
                 Ok(gz) => pusher.push(client.item(&name, e.file.pid, &gz)),
                 Err(err) => {
                     tally.failed += 1;
-                    eprintln!("heapdump: pid {} ({name}): {err:#}", e.file.pid);
+                    eprintln!("heapdump: pid {} ({label}): {err:#}", e.file.pid);
                 }
             }
             dest.push(format!("push to {}", w.push.as_ref().expect("push").url));
@@ -366,7 +372,7 @@ fn round(
             dest.push(format!("report {}", path.display()));
         }
         eprintln!(
-            "heapdump: pid {} ({name}): {} live blocks, {} bytes -> {}",
+            "heapdump: pid {} ({label}): {} live blocks, {} bytes -> {}",
             e.file.pid,
             c.meta.blocks,
             c.meta.bytes,

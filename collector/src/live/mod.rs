@@ -67,7 +67,7 @@ pub fn run(a: &TopArgs) -> Result<()> {
     let (path, file) = crate::regions::pick(&target)?;
     let usable = regions::open_usable(&path, file.as_ref())?;
     let pid = usable.info.pid;
-    let label = format!("{pid} ({})", regions::command_name(&usable.info));
+    let label = format!("{pid} ({})", regions::command_label(&usable.info));
     drop(usable);
     let src = sampler::Source {
         path,
