@@ -62,3 +62,15 @@ pub fn is_default_or(sig: libc::c_int, handler: Handler) -> bool {
     }
     old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == handler.address()
 }
+
+/// Whether `sig` is ignored (`SIG_IGN`), as a parent such as `nohup` or a shell's `trap ''`
+/// leaves it for the programs it starts. `false` for an invalid signal.
+pub fn is_ignored(sig: libc::c_int) -> bool {
+    // SAFETY: a zeroed sigaction is a valid value to receive the current action into.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: only reads the current action into `old`.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+        return false;
+    }
+    old.sa_sigaction == libc::SIG_IGN
+}

@@ -995,6 +995,106 @@ fn wait_exit(child: &mut std::process::Child, limit: std::time::Duration, what: 
     }
 }
 
+/// `nohup heapdump run -- CMD` (or a shell's `trap '' HUP INT`): the signals the caller
+/// ignored stay ignored in the command, as without heapdump (the same `SigIgn` mask), and a
+/// SIGHUP sent to `heapdump run` then harms neither: the command runs to its end.
+#[test]
+fn run_keeps_the_signals_its_caller_ignored_ignored() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let dir = region_dir("run-ignored");
+    let script = "grep '^SigIgn' /proc/$$/status; echo ready; sleep 0.5; echo done";
+    let ignoring = |cmd: &mut Command| {
+        // SAFETY: only sigaction between fork and exec (async-signal-safe).
+        unsafe {
+            cmd.pre_exec(|| {
+                for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                Ok(())
+            })
+        };
+    };
+    let mut bare = Command::new("sh");
+    bare.args(["-c", script]);
+    ignoring(&mut bare);
+    let bare = bare.output().unwrap();
+    let bare = String::from_utf8_lossy(&bare.stdout).into_owned();
+    let mask = bare.lines().next().unwrap().to_owned();
+    let bits = u64::from_str_radix(mask.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_eq!(bits & 0x4003, 0x4003, "the caller's mask: {mask}");
+
+    let mut cmd = Command::new(heapdump());
+    cmd.args(["run", "--", "sh", "-c", script])
+        .env("HEAPDUMP_DIR", &dir)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    ignoring(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    // Signals 1 to 31: glibc's own real-time signals (32, 33) may differ with the shim.
+    let theirs = lines.next().unwrap().unwrap();
+    let their_bits = u64::from_str_radix(theirs.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_eq!(
+        their_bits & 0x7fff_ffff,
+        bits & 0x7fff_ffff,
+        "the command's {theirs} against {mask} without heapdump"
+    );
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    // SAFETY: signalling the heapdump process we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+    let got = wait_exit(
+        &mut child,
+        std::time::Duration::from_secs(10),
+        "heapdump run after an ignored SIGHUP",
+    );
+    assert_eq!(lines.next().map(|l| l.unwrap()), Some("done".to_owned()));
+    assert_eq!(got, 0, "heapdump run and its command outlive the SIGHUP");
+}
+
+/// `HEAPDUMP_DIR=regions heapdump run -- sh -c 'cd / && exec PROGRAM'`: the relative
+/// directory is the one beside the caller, where `heapdump list` run there looks, for the
+/// process that changed directory too (it was `/regions`, or nothing when that could not be
+/// made).
+#[test]
+fn run_makes_a_relative_region_directory_absolute() {
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("run-relative");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("cd / && exec {} leak < /dev/null", exe.display());
+    let t = run_timeout(
+        Command::new(heapdump())
+            .args(["run", "--keep", "--", "sh", "-c", &script])
+            .env("HEAPDUMP_DIR", "regions")
+            .current_dir(&dir)
+            .stdin(Stdio::null()),
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let pid: u32 = t
+        .stdout
+        .trim()
+        .strip_prefix("ready ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let out = Command::new(heapdump())
+        .args(["list", "--json"])
+        .env("HEAPDUMP_DIR", "regions")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains(&format!("\"pid\": {pid},")),
+        "the region of pid {pid} (which changed directory to /) listed beside the caller: {list}"
+    );
+    assert!(!std::path::Path::new("/regions")
+        .join(format!("{pid}"))
+        .exists());
+}
+
 /// C6: signals sent to `heapdump run` reach the command, `heapdump run` exits with the
 /// command's status, and a command that cannot be started exits 127/126 as in a shell.
 #[test]

@@ -75,6 +75,17 @@ pub fn run(a: Options) -> Result<()> {
     if a.keep {
         cmd.env("HEAPDUMP_KEEP", "1");
     }
+    // A relative HEAPDUMP_DIR names the directory `heapdump list` run here reads: made
+    // absolute, so that a process of the command that changes directory (`make -C`, a
+    // daemon's `chdir("/")`) writes its region there too, not under its new directory.
+    if let Some(d) = std::env::var_os("HEAPDUMP_DIR").filter(|d| !d.is_empty()) {
+        let d = std::path::PathBuf::from(d);
+        if d.is_relative() {
+            if let Ok(here) = std::env::current_dir() {
+                cmd.env("HEAPDUMP_DIR", here.join(d));
+            }
+        }
+    }
     let keep = a.keep || std::env::var_os("HEAPDUMP_KEEP").is_some_and(|v| v == "1");
     let node_options = if a.no_jit_names {
         None
@@ -360,10 +371,17 @@ mod forward {
         }
     }
 
-    /// Installs the forwarding handler for [`SIGNALS`] (SA_RESTART, SA_SIGINFO).
+    /// Installs the forwarding handler for [`SIGNALS`] (SA_RESTART, SA_SIGINFO), but for
+    /// those `heapdump run` was started with ignored (`nohup`, a shell's `trap ''`, a
+    /// background job's SIGINT): they stay ignored, here and in the command, which inherits
+    /// an ignored signal through `execve` as it would have without heapdump (a caught one
+    /// would be reset to the default action).
     pub fn install() {
         for sig in SIGNALS {
             use crate::signals::{self, Handler};
+            if signals::is_ignored(sig) {
+                continue;
+            }
             // SAFETY: the handler only uses async-signal-safe calls and atomics.
             let _ = unsafe { signals::set(sig, Handler::Info(handler), libc::SA_RESTART) };
         }
