@@ -658,10 +658,15 @@ pub fn from_names(
                     let next = functions.len() as u64 + 1;
                     *functions.entry(n.clone()).or_insert_with(|| {
                         let name = s.id(n);
+                        // pprof takes a name equal to its system name for one to demangle or
+                        // simplify, which cuts `<module>` or `<lambda>` to nothing: only a
+                        // C++-like name (`ns::f(int)`) gets that, as in [`build`]'s profiles;
+                        // the others have no system name and are shown as they are.
+                        let system_name = if n.contains("::") { name } else { 0 };
                         p.function.push(pb::Function {
                             id: next,
                             name,
-                            system_name: name,
+                            system_name,
                             ..Default::default()
                         });
                         p.location.push(pb::Location {

@@ -307,6 +307,67 @@ fn pprof_list_shows_python_source() {
     assert_eq!(r.finish(), 0);
 }
 
+/// `heapdump graph -o FILE.pb.gz` (and `convert FILE.hdsnap -o FILE.pb.gz`): Python's
+/// `<module>` and `<lambda>` stay themselves in `go tool pprof` (it took a name equal to its
+/// system name for a C++ name to simplify, and cut both to nothing, merged as `<unknown>`):
+/// the lambda's 3,000 `bytes(2000)` are exactly its 6,099,000 bytes.
+#[test]
+fn graph_profile_keeps_angle_bracket_names() {
+    let Some((label, py)) = pythons("graph_profile_keeps_angle_bracket_names").pop() else {
+        return;
+    };
+    let dir = region_dir("python-graph-names");
+    let src = "import os, sys\n\
+               keep = []\n\
+               for i in range(5000):\n    keep.append(bytes(1000))\n\
+               mk = lambda: bytes(2000)\n\
+               held = []\n\
+               for i in range(3000):\n    held.append(mk())\n\
+               print('ready', os.getpid(), flush=True)\n\
+               sys.stdin.read()\n";
+    let (r, _) = run_script(&py, &dir, "lam", src, false);
+    let out = dir.join("g.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "graph",
+            "--by-pid",
+            &r.pid().to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{label}: {err}");
+    let top = Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-cum",
+            "-unit=B",
+            "-sample_index=inuse_space",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{label}: {text}");
+    let cum = |name: &str| -> u64 {
+        let line = (text.lines())
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("{label}: no {name} in {text}"));
+        let v = line.split_whitespace().nth(3).unwrap();
+        v.strip_suffix('B').unwrap().parse().unwrap()
+    };
+    assert_eq!(cum("<lambda>"), 3000 * 2033, "{label}: {text}");
+    assert!(
+        cum("<module>") >= 5000 * 1033 + 3000 * 2033,
+        "{label}: {text}"
+    );
+    assert!(!text.contains("<unknown>"), "{label}: {text}");
+    assert_eq!(r.finish(), 0);
+}
+
 const THREADS: &str = r#"import os, sys, threading
 held = {}
 start = threading.Barrier(2)
