@@ -848,27 +848,70 @@ pub fn is_gzip(path: &std::path::Path) -> bool {
 }
 
 /// Largest decompressed profile [`read`] accepts (bytes).
-pub const MAX_PROFILE_BYTES: u64 = 4 << 30;
+pub const MAX_PROFILE_BYTES: u64 = 1 << 30;
+
+/// Largest decoded size [`read`] accepts, as [`scan`] estimates it (bytes): a profile of
+/// 10 million per-block samples with their labels takes ~3 GiB.
+pub const MAX_DECODED_BYTES: u64 = 4 << 30;
 
 /// Reads a gzip-compressed pprof profile (as [`write`] writes it).
 ///
-/// Errors, naming the file: it cannot be read, is not gzip, decompresses to more than
-/// [`MAX_PROFILE_BYTES`], or is not a pprof profile (does not decode, or its string table does
-/// not start with `""`, or it has no sample types).
+/// A crafted file cannot make this take more memory than is free: the decompressed bytes stop
+/// at [`MAX_PROFILE_BYTES`] or half the memory free for this process (`MemAvailable` of
+/// `/proc/meminfo`, and what `RLIMIT_AS` leaves), whichever is less; then, before decoding,
+/// [`scan`] checks the string table and sample types and estimates the decoded size (a
+/// 2-byte empty sample decodes to ~80 bytes), which must fit in that half too.
+///
+/// Errors, naming the file: it cannot be read, is not gzip, decompresses to more than that,
+/// would need more memory than that or than [`MAX_DECODED_BYTES`], or is not a pprof profile (does not decode, or its string
+/// table does not start with `""`, or it has no sample types).
 pub fn read(path: &std::path::Path) -> anyhow::Result<pb::Profile> {
     use anyhow::{bail, Context};
     use prost::Message;
     use std::io::Read;
     let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let budget = memory_budget();
+    let limit = MAX_PROFILE_BYTES.min(budget);
     let mut buf = Vec::new();
     flate2::read::GzDecoder::new(std::io::BufReader::new(f))
-        .take(MAX_PROFILE_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut buf)
         .with_context(|| format!("{}: not a readable gzip file", path.display()))?;
-    if buf.len() as u64 > MAX_PROFILE_BYTES {
+    if buf.len() as u64 > limit {
         bail!(
-            "{}: decompresses to more than {MAX_PROFILE_BYTES} bytes; refusing to read it",
+            "{}: decompresses to more than {limit} bytes ({}); refusing to read it",
+            path.display(),
+            if limit < MAX_PROFILE_BYTES {
+                "half the memory free for heapdump"
+            } else {
+                "the most heapdump reads"
+            }
+        );
+    }
+    let shape = scan(&buf).with_context(|| format!("{}: not a pprof profile", path.display()))?;
+    if !shape.first_string_empty || !shape.sample_types {
+        bail!(
+            "{}: not a pprof profile (no string table or no sample types)",
             path.display()
+        );
+    }
+    let need = shape.decoded_bytes.saturating_add(buf.len() as u64);
+    if need > MAX_DECODED_BYTES {
+        bail!(
+            "{}: decoding it would take about {} MiB, more than heapdump reads ({} MiB); \
+             refusing to read it",
+            path.display(),
+            need >> 20,
+            MAX_DECODED_BYTES >> 20
+        );
+    }
+    if need > budget {
+        bail!(
+            "{}: decoding it would take about {} MiB, more than half the memory free for \
+             heapdump ({} MiB); refusing to read it",
+            path.display(),
+            need >> 20,
+            budget >> 20
         );
     }
     let p = pb::Profile::decode(buf.as_slice())
@@ -880,6 +923,171 @@ pub fn read(path: &std::path::Path) -> anyhow::Result<pb::Profile> {
         );
     }
     Ok(p)
+}
+
+/// Half the memory this process may still take (bytes): the lesser of `MemAvailable` and
+/// what `RLIMIT_AS` leaves above the current address space (`VmSize`); `u64::MAX` when
+/// neither is known.
+fn memory_budget() -> u64 {
+    let kib = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let n: u64 = line[key.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(n.saturating_mul(1024))
+    };
+    let mut free = u64::MAX;
+    if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
+        if let Some(a) = kib(&m, "MemAvailable:") {
+            free = free.min(a);
+        }
+    }
+    // SAFETY: a zeroed rlimit is a valid value to receive the limit into.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes the limit into `rl`, which we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut rl) } == 0
+        && rl.rlim_cur != libc::RLIM_INFINITY
+    {
+        let used = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|st| kib(&st, "VmSize:"))
+            .unwrap_or(0);
+        free = free.min((rl.rlim_cur as u64).saturating_sub(used));
+    }
+    if free == u64::MAX {
+        free
+    } else {
+        free / 2
+    }
+}
+
+/// What [`scan`] learnt of an encoded profile without decoding it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// The string table's first entry is present and empty.
+    pub first_string_empty: bool,
+    /// It has at least one sample type.
+    pub sample_types: bool,
+    /// An upper estimate of the memory its decoded form takes (bytes), beyond the encoding.
+    pub decoded_bytes: u64,
+}
+
+/// Walks the protobuf wire format of a `perftools.profiles.Profile` (`proto/profile.proto`)
+/// without building it: its top-level fields and those of each sample and location, where
+/// small encodings become large structures (an empty sample, 2 bytes, is a struct of three
+/// vectors; a packed id, 1 byte, is 8). Errors: the bytes are not well-formed protobuf.
+pub fn scan(buf: &[u8]) -> anyhow::Result<Shape> {
+    use anyhow::bail;
+    // One field: (number, wire type, payload of a length-delimited field).
+    fn fields(
+        mut b: &[u8],
+        mut each: impl FnMut(u64, u8, &[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        fn varint(b: &mut &[u8]) -> anyhow::Result<u64> {
+            let mut v = 0u64;
+            for shift in (0..64).step_by(7) {
+                let Some((&x, rest)) = b.split_first() else {
+                    bail!("truncated varint");
+                };
+                *b = rest;
+                v |= u64::from(x & 0x7f) << shift;
+                if x & 0x80 == 0 {
+                    return Ok(v);
+                }
+            }
+            bail!("varint too long")
+        }
+        while !b.is_empty() {
+            let key = varint(&mut b)?;
+            let (field, wire) = (key >> 3, (key & 7) as u8);
+            let payload: &[u8] = match wire {
+                0 => {
+                    varint(&mut b)?;
+                    &[]
+                }
+                1 | 5 => {
+                    let n = if wire == 1 { 8 } else { 4 };
+                    if b.len() < n {
+                        bail!("truncated fixed field");
+                    }
+                    b = &b[n..];
+                    &[]
+                }
+                2 => {
+                    let n = varint(&mut b)?;
+                    if n > b.len() as u64 {
+                        bail!("truncated field");
+                    }
+                    let (p, rest) = b.split_at(n as usize);
+                    b = rest;
+                    p
+                }
+                _ => bail!("wire type {wire}"),
+            };
+            each(field, wire, payload)?;
+        }
+        Ok(())
+    }
+    let mut shape = Shape::default();
+    let mut strings = 0u64;
+    let mut total = 0u64;
+    fields(buf, |field, wire, payload| {
+        // Per entry: the decoded struct's size, rounded up (a Vec is 24 bytes, a String 24).
+        let add = match (field, wire) {
+            // sample_type
+            (1, _) => {
+                shape.sample_types = true;
+                32
+            }
+            // sample: location_id (1) and value (2), packed or not; label (3).
+            (2, 2) => {
+                let mut n = 80u64;
+                fields(payload, |f, w, p| {
+                    n += match (f, w) {
+                        (1 | 2, 2) => 8 * p.len() as u64,
+                        (1 | 2, _) => 8,
+                        (3, _) => 48,
+                        _ => 0,
+                    };
+                    Ok(())
+                })?;
+                n
+            }
+            // mapping
+            (3, _) => 96,
+            // location: line (4)
+            (4, 2) => {
+                let mut n = 64u64;
+                fields(payload, |f, _, _| {
+                    n += if f == 4 { 32 } else { 0 };
+                    Ok(())
+                })?;
+                n
+            }
+            // function
+            (5, _) => 48,
+            // string_table
+            (6, _) => {
+                if strings == 0 {
+                    shape.first_string_empty = payload.is_empty() && wire == 2;
+                }
+                strings += 1;
+                24
+            }
+            // comment, packed or not
+            (13, 2) => 8 * payload.len() as u64,
+            _ => 0,
+        };
+        total = total
+            .saturating_add(add)
+            .saturating_add(payload.len() as u64);
+        Ok(())
+    })?;
+    shape.decoded_bytes = total;
+    Ok(shape)
 }
 
 /// What to write a profile as.
@@ -944,6 +1152,43 @@ pub fn write_as(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wire-format scan sees a real profile's string table and sample types, estimates
+    /// at least its encoded size, refuses malformed bytes, and prices 1,000,000 empty samples
+    /// (2 bytes each) at their decoded size.
+    #[test]
+    fn scan_estimates_before_decoding() {
+        use prost::Message;
+        let mut p = pb::Profile {
+            string_table: vec![String::new(), "space".into(), "bytes".into()],
+            ..Default::default()
+        };
+        p.sample_type.push(pb::ValueType { r#type: 1, unit: 2 });
+        for i in 0..3 {
+            p.sample.push(pb::Sample {
+                location_id: vec![1, 2, 3],
+                value: vec![i],
+                label: Vec::new(),
+            });
+        }
+        let buf = p.encode_to_vec();
+        let shape = scan(&buf).unwrap();
+        assert!(shape.first_string_empty && shape.sample_types, "{shape:?}");
+        assert!(
+            shape.decoded_bytes >= buf.len() as u64 + 3 * 80,
+            "{shape:?}"
+        );
+        let bomb: Vec<u8> = [0x12u8, 0x00].repeat(1_000_000);
+        let shape = scan(&bomb).unwrap();
+        assert!(!shape.first_string_empty && !shape.sample_types);
+        assert!(shape.decoded_bytes >= 80_000_000, "{shape:?}");
+        assert!(
+            scan(&[0x12, 0x05, 0x00]).is_err(),
+            "a field longer than the rest"
+        );
+        assert!(scan(&[0x0b]).is_err(), "a group (wire type 3)");
+        assert!(scan(&[0x08, 0xff]).is_err(), "a truncated varint");
+    }
 
     /// `top`, `leaks`, `retainers` and `graph` name an unsymbolized address as the flame graph
     /// of a profile names its location: `FILE+0xOFFSET`, the offset `addr2line -e FILE` takes.

@@ -334,3 +334,92 @@ fn multi_process_flame_graph_has_a_root_per_process() {
     assert_eq!(a.finish(), 0);
     assert_eq!(b.finish(), 0);
 }
+
+/// A crafted profile that decodes into far more memory than its size (a valid header, then
+/// 10,485,760 empty samples of 2 bytes: ~20 MB, ~860 MB decoded) is refused before decoding
+/// when heapdump has less memory than that to spare (here `RLIMIT_AS` of 1 GiB), with one
+/// line, not an abort on a failed allocation; and a file that decompresses to more than
+/// heapdump reads at all is refused as it decompresses.
+#[test]
+fn crafted_profiles_are_refused_before_decoding() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let dir = region_dir("crafted-pprof");
+    std::fs::create_dir_all(&dir).unwrap();
+    let write_gz = |name: &str, head: &[u8], chunk: &[u8], n: usize| {
+        let path = dir.join(name);
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(head).unwrap();
+        for _ in 0..n {
+            gz.write_all(chunk).unwrap();
+        }
+        gz.finish().unwrap();
+        path
+    };
+    // sample_type {type: 1, unit: 2}; string_table "", "space", "bytes".
+    let head = b"\x0a\x04\x08\x01\x10\x02\x32\x00\x32\x05space\x32\x05bytes";
+    let samples = write_gz("samples.pb.gz", head, &[0x12, 0x00].repeat(1 << 20), 10);
+    let out = dir.join("out.svg");
+    let run_limited = |input: &Path| {
+        let mut cmd = Command::new(heapdump());
+        cmd.args(["convert"]).arg(input).arg("-o").arg(&out);
+        // SAFETY: only setrlimit between fork and exec (async-signal-safe).
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &lim);
+                Ok(())
+            })
+        };
+        run_timeout(&mut cmd, std::time::Duration::from_secs(60))
+    };
+    let t = run_limited(&samples);
+    assert_eq!(t.code, Some(1), "{}", t.stderr);
+    assert!(
+        t.stderr
+            .contains("more than half the memory free for heapdump")
+            && t.stderr.contains("refusing to read it")
+            && t.stderr.lines().count() == 1,
+        "{}",
+        t.stderr
+    );
+    assert!(!out.exists());
+    // 1 GiB and a byte of zeros in 16 MiB strings: refused at 1 GiB decompressed.
+    let mut string = vec![0x32u8];
+    let len = 16u64 << 20;
+    let mut v = len;
+    while v >= 0x80 {
+        string.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    string.push(v as u8);
+    let body: Vec<u8> = string
+        .iter()
+        .copied()
+        .chain(std::iter::repeat_n(0, len as usize))
+        .collect();
+    let big = write_gz("strings.pb.gz", head, &body, 65);
+    let t = run(
+        &dir,
+        &[
+            "convert",
+            big.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(t.code, Some(1), "{}", t.stderr);
+    assert!(
+        t.stderr
+            .contains("decompresses to more than 1073741824 bytes"),
+        "{}",
+        t.stderr
+    );
+    assert!(!out.exists());
+}
