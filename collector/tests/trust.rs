@@ -400,6 +400,37 @@ fn post_mortem_after_kill_and_gc() {
     assert!(!std::path::Path::new(&file).exists());
 }
 
+/// `gc` leaves a directory with a region's name alone, saying so, and still removes the
+/// regions after it (before, it stopped at the first entry it could not remove: "Is a
+/// directory", exit 1, the rest left).
+#[test]
+fn gc_goes_on_past_what_it_cannot_remove() {
+    let dir = region_dir("gc-goes-on");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Names sort the directory first; pids that do not exist.
+    let sub = dir.join("1-1-1.heapdump");
+    std::fs::create_dir(&sub).unwrap();
+    let junk = dir.join("999999999-2-2.heapdump");
+    std::fs::write(&junk, b"not a region").unwrap();
+    std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (ok, out, err) = heapdump_cmd(&dir, &["gc", "--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("would remove") && out.contains("999999999-2-2"),
+        "{out}"
+    );
+    assert!(!out.contains("1-1-1.heapdump"), "{out}");
+    let (ok, out, err) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("1-1-1.heapdump: a directory, not a region file: left alone"),
+        "{err}"
+    );
+    assert!(out.contains("removed") && !junk.exists(), "{out}");
+    assert!(sub.is_dir());
+}
+
 #[test]
 fn keep_shows_leaks_after_clean_exit() {
     let exe = compile_c("known_allocs", &[]);

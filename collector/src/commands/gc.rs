@@ -2,7 +2,7 @@
 
 use crate::cli;
 use crate::regions::{self, Liveness};
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 
 /// What `gc` does.
 #[derive(Debug, Clone, Copy)]
@@ -19,7 +19,7 @@ impl From<cli::GcArgs> for Options {
 
 /// Removes (or, dry, lists) every region whose process is gone, except one still being laid out.
 pub fn run(a: Options) -> Result<()> {
-    let mut removed = 0;
+    let (mut removed, mut failed) = (0, 0);
     for e in regions::scan()? {
         if e.liveness == Liveness::Alive {
             continue;
@@ -41,14 +41,25 @@ pub fn run(a: Options) -> Result<()> {
             None => format!(
                 "pid {} (unreadable: {})",
                 e.file.pid,
-                e.error.as_deref().unwrap_or("")
+                regions::shown(e.error.as_deref().unwrap_or(""))
             ),
         };
+        // A directory with a region's name is not a region: gc removes files only.
+        if std::fs::symlink_metadata(&e.file.path).is_ok_and(|m| m.is_dir()) {
+            eprintln!(
+                "heapdump: {}: a directory, not a region file: left alone",
+                e.file.path.display()
+            );
+            continue;
+        }
         if a.dry_run {
             println!("would remove {}: {what}", e.file.path.display());
+        } else if let Err(err) = std::fs::remove_file(&e.file.path) {
+            // The others are still removed: one that cannot be is reported at the end.
+            eprintln!("heapdump: cannot remove {}: {err}", e.file.path.display());
+            failed += 1;
+            continue;
         } else {
-            std::fs::remove_file(&e.file.path)
-                .with_context(|| format!("cannot remove {}", e.file.path.display()))?;
             println!("removed {}: {what}", e.file.path.display());
         }
         removed += 1;
@@ -57,5 +68,8 @@ pub fn run(a: Options) -> Result<()> {
         "heapdump: {removed} region(s) of exited processes {}",
         if a.dry_run { "to remove" } else { "removed" }
     );
+    if failed > 0 {
+        bail!("{failed} region file(s) could not be removed (see above)");
+    }
     Ok(())
 }
