@@ -4,7 +4,7 @@
 
 use crate::regions::{self, Liveness, Target};
 use crate::{graph, pprof, python, sites, snapshot};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
 /// Where the graph comes from.
@@ -103,6 +103,14 @@ pub fn analysis(t: &Source, stage: &dyn Fn(&str)) -> Result<Analysis> {
     let t = match t {
         Source::Live(live) => live,
         Source::Capture(file) => {
+            // A file that cannot be read says why (missing, a directory, no permission),
+            // before its contents are judged.
+            let f = std::fs::File::open(file)
+                .with_context(|| format!("cannot open {}", file.display()))?;
+            if f.metadata().is_ok_and(|m| m.is_dir()) {
+                bail!("{}: a directory, not a graph capture", file.display());
+            }
+            drop(f);
             if !graph::capture::is_capture(file) {
                 bail!(
                 "{}: not a heapdump graph capture (write one with `heapdump graph --by-pid PID -o FILE.hdsnap`)",

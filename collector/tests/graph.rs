@@ -786,3 +786,34 @@ fn ownership_flame_graph_of_what_is_new_since_a_capture() {
     );
     assert_eq!(r.finish(), 0);
 }
+
+/// A capture that cannot be read is reported as the file system says (missing, a
+/// directory), not as "not a heapdump graph capture", by each command that reads one.
+#[test]
+fn unreadable_captures_say_why() {
+    let dir = region_dir("capture-errors");
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.hdsnap");
+    for args in [
+        vec!["top", "--retained"],
+        vec!["leaks"],
+        vec!["retainers", "--function", "main"],
+    ] {
+        let mut a = args.clone();
+        a.push(missing.to_str().unwrap());
+        let (ok, _, err) = heapdump_cmd(&dir, &a);
+        assert!(!ok);
+        assert!(
+            err.contains("cannot open") && err.contains("No such file or directory"),
+            "{args:?}: {err}"
+        );
+        let mut a = args.clone();
+        a.push(dir.to_str().unwrap());
+        let (ok, _, err) = heapdump_cmd(&dir, &a);
+        assert!(!ok);
+        assert!(
+            err.contains("a directory, not a graph capture"),
+            "{args:?}: {err}"
+        );
+    }
+}
