@@ -168,6 +168,58 @@ fn table_made_smaller_for_space_reports_the_file_system_when_full() {
     assert!(says("recording_stopped", "file system is full"), "{e}");
 }
 
+/// Under an address-space limit (`ulimit -v`, RLIMIT_AS of 3.5 GB) a program that can
+/// allocate 1 GiB without heapdump can with it: the region takes at most an eighth of the
+/// limit (before, its 2.8 GiB reservation made that `malloc` fail), records the block and its
+/// free, and says that its tables were made smaller.
+#[test]
+fn an_address_space_limit_leaves_the_program_its_memory() {
+    use std::os::unix::process::CommandExt;
+    let dir = region_dir("rlimit-as");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile_c("hold_sized", &[]);
+    let run = |preload: bool| {
+        let mut c = Command::new(&exe);
+        c.args(["1", "1073741824"])
+            .env("HEAPDUMP_DIR", &dir)
+            .env("HEAPDUMP_KEEP", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if preload {
+            c.env("LD_PRELOAD", shim());
+        }
+        // SAFETY: only setrlimit between fork and exec (async-signal-safe).
+        unsafe {
+            c.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 3_500_000 << 10,
+                    rlim_max: 3_500_000 << 10,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &lim);
+                Ok(())
+            })
+        };
+        c.status().unwrap().code()
+    };
+    assert_eq!(run(false), Some(0), "without heapdump");
+    assert_eq!(run(true), Some(0), "with heapdump (3: its malloc failed)");
+    let list = list_json(&dir);
+    assert_eq!(list.len(), 1, "{list:?}");
+    let e = &list[0];
+    assert_eq!(
+        (e["allocations"].as_u64(), e["frees"].as_u64()),
+        (Some(2), Some(2)),
+        "{e}"
+    );
+    assert!(
+        (e["warnings"].as_array().unwrap().iter()).any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("address-space limit (RLIMIT_AS")),
+        "{e}"
+    );
+}
+
 /// A6: the allocation functions at their edges (odd alignments, huge sizes, errno around
 /// `free` and failing calls) and what a program sees of its blocks (usable sizes, alignment,
 /// realloc in place and moved, calloc zeroing, blocks from glibc's `__libc_malloc` freed

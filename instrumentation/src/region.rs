@@ -384,6 +384,36 @@ pub fn create(settings: &Settings) -> Option<Created> {
     bound_dead_regions(dir, settings.max_dead_regions);
 
     let mut caps = settings.caps;
+    let halve = |caps: &mut Capacities| {
+        caps.nodes /= 2;
+        caps.stacks = (caps.stacks / 2).max(caps.stacks.min(4096));
+        caps.frames = caps.stacks * 24;
+        caps.python_words = (caps.python_words / 2).max(caps.python_words.min(64 << 10));
+    };
+    // Nor more than an eighth of the address space the program may have (`ulimit -v`,
+    // RLIMIT_AS): the mapping counts against it, and the program's own `malloc` would fail
+    // where it would not have without the shim.
+    // SAFETY: a zeroed rlimit is valid; getrlimit fills it on success.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `rl` is writable.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut rl) } == 0
+        && rl.rlim_cur != libc::RLIM_INFINITY
+    {
+        while plan(&caps).1 > rl.rlim_cur / 8 && caps.nodes > 4096 {
+            halve(&mut caps);
+        }
+        if caps != settings.caps {
+            let mut num = [0u8; 20];
+            let mut num2 = [0u8; 20];
+            settings.warn(&[
+                b"the address-space limit (RLIMIT_AS, ulimit -v) is low: allocations table reduced to ",
+                crate::sys::fmt_u64(caps.nodes, &mut num),
+                b" records, stack traces to ",
+                crate::sys::fmt_u64(caps.stacks, &mut num2),
+            ]);
+        }
+    }
+    let for_limit = caps;
     // Never reserve more than the file system can hold: touching a page past a full tmpfs
     // raises SIGBUS in the target.
     // SAFETY: a zeroed statvfs buffer is valid; statvfs fills it on success.
@@ -392,13 +422,10 @@ pub fn create(settings: &Settings) -> Option<Created> {
     if unsafe { libc::statvfs(dir.as_ptr() as *const libc::c_char, &mut vfs) } == 0 {
         let avail = vfs.f_bavail as u64 * vfs.f_frsize as u64;
         while plan(&caps).1 > avail / 2 && caps.nodes > 4096 {
-            caps.nodes /= 2;
-            caps.stacks = (caps.stacks / 2).max(caps.stacks.min(4096));
-            caps.frames = caps.stacks * 24;
-            caps.python_words = (caps.python_words / 2).max(caps.python_words.min(64 << 10));
+            halve(&mut caps);
         }
-        REDUCED_FOR_SPACE.store(caps != settings.caps, Ordering::Relaxed);
-        if caps != settings.caps {
+        REDUCED_FOR_SPACE.store(caps != for_limit, Ordering::Relaxed);
+        if caps != for_limit {
             let mut num = [0u8; 20];
             let mut num2 = [0u8; 20];
             settings.warn(&[
