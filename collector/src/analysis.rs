@@ -180,10 +180,11 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
     } = regions::open_usable(&path, file.as_ref())?;
     if liveness != Liveness::Alive {
         bail!(
-            "pid {} {}: a post-mortem region records blocks but not their contents, so \
-             the reference graph can only be built for a running process",
-            info.pid,
-            liveness.gone()
+            "{}",
+            liveness.why_no_memory(
+                info.pid,
+                "the reference graph can only be built for a running process it records"
+            )
         );
     }
     // --stop: frozen from before the snapshot until the graph is built.

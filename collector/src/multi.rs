@@ -176,6 +176,7 @@ pub fn one(
         Liveness::Alive => {}
         Liveness::Zombie => bail!("became a zombie (exited, not reaped) before its snapshot"),
         Liveness::Exited => bail!("exited before its snapshot"),
+        Liveness::Detached => bail!("was detached (heapdump detach) before its snapshot"),
     }
     crate::snapshot::collect(&opened, liveness, with_blocks, lock_timeout)
 }

@@ -630,24 +630,49 @@ pub enum Liveness {
     /// Exited but not yet reaped by its parent: its pid and `/proc` entry remain, its memory
     /// is gone (read post-mortem, as an exited one).
     Zombie,
+    /// Running, but `heapdump detach` stopped its recording: the region holds the heap as it
+    /// was at the detach (read as an exited one's), and `heapdump attach` may resume it.
+    Detached,
 }
 
 impl Liveness {
-    /// `"alive"`, `"exited"` or `"zombie"`.
+    /// `"alive"`, `"exited"`, `"zombie"` or `"detached"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Liveness::Alive => "alive",
             Liveness::Exited => "exited",
             Liveness::Zombie => "zombie",
+            Liveness::Detached => "detached",
         }
     }
 
-    /// For "pid N ...": `"is running"`, `"has exited"`, `"is a zombie (exited, not reaped)"`.
+    /// For "pid N ...": `"is running"`, `"has exited"`, `"is a zombie (exited, not reaped)"`,
+    /// `"is detached (heapdump detach)"`.
     pub fn gone(self) -> &'static str {
         match self {
             Liveness::Alive => "is running",
             Liveness::Exited => "has exited",
             Liveness::Zombie => "is a zombie (exited, not reaped)",
+            Liveness::Detached => "is detached (heapdump detach)",
+        }
+    }
+
+    /// Why a command that reads the program's memory (the reference graph, block contents)
+    /// cannot use this region: `"pid N has exited: a post-mortem region records blocks but
+    /// not their contents, so WHAT"`, or for a detached process that its region is the heap
+    /// of the detach.
+    pub fn why_no_memory(self, pid: u32, what: &str) -> String {
+        match self {
+            Liveness::Detached => format!(
+                "pid {pid} is detached (heapdump detach): its region holds the heap as it was \
+                 at the detach, not the blocks live now, so {what}; attach again \
+                 (heapdump attach --by-pid {pid}) first"
+            ),
+            _ => format!(
+                "pid {pid} {}: a post-mortem region records blocks but not their contents, so \
+                 {what}",
+                self.gone()
+            ),
         }
     }
 }
@@ -671,7 +696,7 @@ pub fn proc_start_ticks(pid: u32) -> Option<u64> {
 
 /// Whether the writer of a region (with header `info`, file `f`) still runs the same image.
 pub fn liveness(info: &RegionInfo, f: &RegionFile, newer_same_process: bool) -> Liveness {
-    if info.state == vmo_layout::v1::STATE_EXITED || newer_same_process {
+    if newer_same_process {
         return Liveness::Exited;
     }
     if proc_start_ticks(f.pid) != Some(f.start_ticks) {
@@ -684,6 +709,11 @@ pub fn liveness(info: &RegionInfo, f: &RegionFile, newer_same_process: bool) -> 
         if md.dev() != info.exe_dev || md.ino() != info.exe_ino {
             return Liveness::Exited;
         }
+    }
+    // Marked as gone while the same process still runs the same image, with no newer region:
+    // `heapdump detach` marks it so (an exit does too, a moment before the process is gone).
+    if info.state == vmo_layout::v1::STATE_EXITED {
+        return Liveness::Detached;
     }
     Liveness::Alive
 }

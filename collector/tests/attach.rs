@@ -264,6 +264,27 @@ fn detach_stops_recording() {
             "block {a:#x} made after the detach was recorded"
         );
     }
+    // Listed as detached, not exited; the reference graph is refused for what it is; gc
+    // leaves the region of the running process (a snapshot still reads it).
+    let (ok, out, _) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let me = (v.as_array().unwrap().iter())
+        .find(|e| e["pid"] == pid)
+        .expect("listed");
+    assert_eq!(me["status"], "detached", "{me}");
+    let (ok, _, se) = heapdump_cmd(&dir, &["leaks", "--by-pid", &pid.to_string()]);
+    assert!(
+        !ok && se.contains(&format!("pid {pid} is detached (heapdump detach)")),
+        "{se}"
+    );
+    let (ok, _, se) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{se}");
+    assert!(std::path::Path::new(me["region"].as_str().unwrap()).exists());
+    assert_eq!(
+        per_block(&snapshot(&dir, pid, &["--with-tags"])).len(),
+        blocks.len()
+    );
     // A second detach is refused, and the program is unharmed.
     let (ok, _, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
     assert!(!ok && se.contains("not attached"), "{se}");

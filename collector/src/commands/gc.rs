@@ -21,7 +21,8 @@ impl From<cli::GcArgs> for Options {
 pub fn run(a: Options) -> Result<()> {
     let (mut removed, mut failed) = (0, 0);
     for e in regions::scan()? {
-        if e.liveness == Liveness::Alive {
+        // A detached process still runs, and may be attached again into its region.
+        if matches!(e.liveness, Liveness::Alive | Liveness::Detached) {
             continue;
         }
         // A region whose writer is still laying it out is briefly unreadable: leave young ones.

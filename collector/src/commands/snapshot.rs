@@ -22,10 +22,11 @@ pub fn run(p: SnapshotProps) -> Result<()> {
     // before any work.
     if p.contents.is_some() && liveness != Liveness::Alive {
         bail!(
-            "pid {} {}: a post-mortem region records blocks but not their contents, so \
-             --contents-dir and --with-strings need a running process",
-            info.pid,
-            liveness.gone()
+            "{}",
+            liveness.why_no_memory(
+                info.pid,
+                "--contents-dir and --with-strings need a running process it records"
+            )
         );
     }
     let out_dir = (p.contents.as_ref())
