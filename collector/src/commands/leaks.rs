@@ -116,8 +116,6 @@ pub fn run(a: Options) -> Result<()> {
         e.0 += 1.0;
         e.1 += b.size as f64;
     }
-    let mut groups: Vec<((Status, u32), (u64, u64))> = groups.into_iter().collect();
-    groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
     let shown: std::collections::HashMap<u32, Vec<String>> = (an.stacks.iter())
         .map(|(s, f)| {
             let keep = match &drop {
@@ -131,6 +129,23 @@ pub fn run(a: Options) -> Result<()> {
         })
         .collect();
     let names = &shown;
+    // Stacks that print the same (return addresses that differ within one line, or frames
+    // --drop-frames removed) are one group: two groups whose frames read alike would look
+    // like one leak split in two.
+    let mut merged: std::collections::HashMap<(Status, &[String]), (u32, u64, u64)> =
+        Default::default();
+    let none: &[String] = &[];
+    for ((s, stack), (blocks, bytes)) in groups {
+        let frames = names.get(&stack).map(Vec::as_slice).unwrap_or(none);
+        let e = merged.entry((s, frames)).or_insert((stack, 0, 0));
+        e.0 = e.0.min(stack);
+        e.1 += blocks;
+        e.2 += bytes;
+    }
+    let mut groups: Vec<((Status, u32), (u64, u64))> = (merged.into_iter())
+        .map(|((s, _), (stack, blocks, bytes))| ((s, stack), (blocks, bytes)))
+        .collect();
+    groups.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
     let (direct, indirect) =
         groups
             .iter()
