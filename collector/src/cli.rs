@@ -702,8 +702,8 @@ pub struct WatchArgs {
     /// Interval between snapshots (`30s`, `1m`, `1h 30m`; at least 1s).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub every: Duration,
-    /// Stop after this many beats (default: until SIGINT or SIGTERM).
-    #[arg(long, value_name = "K")]
+    /// Stop after this many beats, at least 1 (default: until SIGINT or SIGTERM).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
     /// Directory for the profiles (created mode 0700 if missing). Default: the current
     /// directory, or none when --push is given.
