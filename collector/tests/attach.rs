@@ -9,7 +9,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const BEFORE: &str = "heapdump_live_before_attach";
 /// Usable size of the program's 10 blocks of their own mapping.
@@ -1065,4 +1065,31 @@ fn reattach_frees_slots_of_threads_gone_while_detached() {
     attach_cmd(&dir, "detach", pid, "detach again");
     send(&mut r, "q\n");
     assert_eq!(r.finish(), 0);
+}
+
+/// A thread blocked in a system call far from the allocator, with a return address into
+/// `free` left on its stack by a call that returned long ago (bash waiting for `sleep`: a
+/// `free+111` word in `wait_for`'s locals), is at a safe point: its frames, unwound by their
+/// call frame information, are what counts, not every word of its stack (before, attach
+/// refused for ever: "inside libc's free (return address … at sp+0xa0)").
+#[test]
+fn attach_ignores_stale_return_addresses() {
+    if !can_run("attach_ignores_stale_return_addresses") {
+        return;
+    }
+    let dir = region_dir("attach-stale");
+    let mut bash = Command::new("bash")
+        .args(["-c", "sleep 3; echo done"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = bash.id();
+    let out = attach_cmd(&dir, "attach", pid, "bash in wait4");
+    assert!(out.starts_with(&format!("attached to pid {pid}")), "{out}");
+    attach_cmd(&dir, "detach", pid, "bash in wait4");
+    let mut text = String::new();
+    std::io::Read::read_to_string(bash.stdout.as_mut().unwrap(), &mut text).unwrap();
+    assert!(bash.wait().unwrap().success());
+    assert_eq!(text, "done\n");
 }

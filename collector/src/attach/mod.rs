@@ -8,11 +8,16 @@
 //!    deadlock on an arena lock or the loader lock, and the heap walk read a heap being
 //!    changed. Each thread's instruction pointer must lie neither in the loader's code nor in
 //!    one of libc's malloc-family functions or loader entry points ([`ALLOCATOR`], their
-//!    dynamic-symbol ranges), nor may the return addresses on its stack (the words from its
-//!    stack pointer up, at most [`STACK_SCAN`] bytes, that follow a call instruction) point
-//!    into those functions (a thread inside `_int_malloc` or waiting for an arena lock has a
-//!    return address into `malloc` there; one holding the loader lock, into `dlopen`, …). Otherwise the
-//!    threads run a few milliseconds and are stopped again, up to `--timeout`.
+//!    dynamic-symbol ranges; in CPython also [`PYTHON`]), nor may any of its frames, found by
+//!    unwinding it from its registers with the call frame information of its objects
+//!    ([`unwind`]), be in those functions or the loader (a thread inside `_int_malloc` or
+//!    waiting for an arena lock has a frame of `malloc`; one holding the loader lock, of
+//!    `dlopen`, …). Where that information is missing (generated code, PLT entries), the
+//!    stack from there up is searched instead: its words, at most [`STACK_SCAN`] bytes, that
+//!    follow a call instruction must not point into those functions. Only real frames are
+//!    looked at otherwise: a stale return address left on the stack by an earlier call (a
+//!    `free` that returned long ago, below a thread blocked in `wait4`) is not one. Otherwise
+//!    the threads run a few milliseconds and are stopped again, up to `--timeout`.
 //! 3. Two pages are mapped in the target (one thread makes the `mmap` system calls, single
 //!    stepped on a `syscall` instruction of libc: the only moments the target depends on
 //!    heapdump, a few microseconds each, its registers put back right after), the stub
@@ -26,6 +31,7 @@
 
 mod ptrace;
 mod stub;
+mod unwind;
 
 use crate::cli::AttachCmd;
 use anyhow::{anyhow, bail, Context, Result};
@@ -37,8 +43,12 @@ use vmo_layout::attach::{
     STATE_SYMBOL, STATUS_OK,
 };
 
-/// Bytes of each thread's stack searched for return addresses into the allocator or loader.
+/// Bytes of each thread's stack searched for return addresses into the allocator or loader,
+/// from the first frame the call frame information does not describe.
 const STACK_SCAN: usize = 64 * 1024;
+
+/// Most frames of a thread unwound (a deeper stack is searched from there, as [`STACK_SCAN`]).
+const MAX_FRAMES: usize = 4096;
 
 /// libc's functions a thread must not be inside of at the safe point: the malloc family,
 /// its statistics and tuning (they take the arena locks), `fork` (which holds them around
@@ -87,6 +97,20 @@ const ALLOCATOR: &[&str] = &[
     "__libc_dlsym",
     "__libc_dlvsym",
     "__libc_dlclose",
+];
+
+/// CPython's functions no thread may be inside of at the safe point: the attach entry calls
+/// `PyMem_GetAllocator` (detection), which takes the allocators' lock on 3.12+; a thread
+/// stopped holding it would block the entry (itself: for ever). Looked up in the executable
+/// and `libpython`; missing ones are skipped.
+const PYTHON: &[&str] = &[
+    "PyMem_GetAllocator",
+    "PyMem_SetAllocator",
+    "PyMem_SetupDebugHooks",
+    "PyObject_GetArenaAllocator",
+    "PyObject_SetArenaAllocator",
+    "_PyMem_SetupAllocators",
+    "_PyMem_GetCurrentAllocatorName",
 ];
 
 /// How long the stub may take (the `dlopen`, the heap walk), at most.
@@ -190,9 +214,10 @@ impl Forbidden {
 struct Target {
     libc: Object,
     forbidden: Forbidden,
-    /// The loader's code: no thread may be executing it (its stack is not searched for
-    /// return addresses into it: stale ones are common, e.g. from lazy binding, and the
-    /// loader's lock is taken through libc's entry points, which are in `forbidden`).
+    /// The loader's code: no thread may be executing it, nor have a frame in it (where the
+    /// stack is searched instead of unwound, return addresses into it are not looked for:
+    /// stale ones are common, e.g. from lazy binding, and the loader's lock is taken through
+    /// libc's entry points, which are in `forbidden`).
     loader: Forbidden,
     /// An address in libc's code holding the bytes of a `syscall` instruction.
     gadget: u64,
@@ -203,6 +228,8 @@ struct Target {
     /// Its code: at a re-attach no thread may be inside it either (the entry reads the
     /// shim's address index, which a thread inside the recording path may hold).
     shim_code: Forbidden,
+    /// Unwinds the threads by their objects' call frame information.
+    unwinder: unwind::Unwinder,
 }
 
 fn inspect(pid: u32, held: &Held) -> Result<Target> {
@@ -225,6 +252,29 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
     for name in ALLOCATOR {
         if let Some(s) = libc.symbols.iter().find(|s| s.0 == *name) {
             forbidden.push((s.1, s.1 + s.2.max(1), format!("libc's {name}")));
+        }
+    }
+    // CPython: the executable (`python3.11`) or a `libpython3.11.so.1.0` exports them.
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut pythons: Vec<&str> = maps
+        .iter()
+        .filter(|m| m.perms.contains('x'))
+        .map(|m| m.path.as_str())
+        .filter(|p| {
+            file_name(p).starts_with("libpython")
+                || (*p == exe && file_name(p).starts_with("python"))
+        })
+        .collect();
+    pythons.dedup();
+    for p in pythons {
+        if let Ok(o) = Object::load(pid, &maps, p) {
+            for name in PYTHON {
+                if let Some(s) = o.symbols.iter().find(|s| s.0 == *name) {
+                    forbidden.push((s.1, s.1 + s.2.max(1), format!("CPython's {name}")));
+                }
+            }
         }
     }
     let shim_path = maps
@@ -284,6 +334,7 @@ fn inspect(pid: u32, held: &Held) -> Result<Target> {
         shim_loaded,
         shim_state,
         shim_code: Forbidden(shim_code),
+        unwinder: unwind::Unwinder::new(pid, &maps),
     })
 }
 
@@ -314,29 +365,76 @@ fn unsafe_threads(held: &Held, t: &Target, shim_too: bool) -> Vec<(u32, String)>
 }
 
 /// Why the thread `th` is inside the allocator or the loader (or the shim, with `shim_too`);
-/// `None` when it is not.
+/// `None` when it is not. Its frames are those found by unwinding it from its registers
+/// ([`unwind`]): its pc and each return address (the pc a signal interrupted, for the frame
+/// below a signal handler's) must lie outside those functions and the loader's code. Where
+/// the unwinding cannot go on, the rest of the stack is searched ([`scan`]).
 fn unsafe_thread(held: &Held, th: &ptrace::Thread, t: &Target, shim_too: bool) -> Option<String> {
     let forbidden = |a: u64| {
         t.forbidden
             .find(a)
             .or_else(|| shim_too.then(|| t.shim_code.find(a)).flatten())
+            .or_else(|| t.loader.find(a))
     };
-    {
-        if let Some(what) = forbidden(th.regs.rip).or(t.loader.find(th.regs.rip)) {
-            return Some(format!("thread {} is executing {what}", th.tid));
+    if let Some(what) = forbidden(th.regs.rip) {
+        return Some(format!("thread {} is executing {what}", th.tid));
+    }
+    let mut regs = unwind::Regs::of(&th.regs);
+    let mut exact = true;
+    for depth in 1..MAX_FRAMES {
+        match t.unwinder.step(held, &regs, exact) {
+            unwind::Step::Outermost => return None,
+            unwind::Step::Unknown => break,
+            unwind::Step::Caller(next, signal) => {
+                (regs, exact) = (next, signal);
+                let pc = regs.pc();
+                // A return address is looked up one byte back: the call may end its function.
+                let Some(what) = forbidden(if exact { pc } else { pc.wrapping_sub(1) }) else {
+                    continue;
+                };
+                return Some(if exact {
+                    format!(
+                        "thread {} is in a signal handler that interrupted {what} (at {pc:#x})",
+                        th.tid
+                    )
+                } else {
+                    format!(
+                        "thread {} is inside {what} (return address {pc:#x}, frame {depth})",
+                        th.tid
+                    )
+                });
+            }
         }
-        let mut stack = vec![0u8; STACK_SCAN];
-        let n = held.read(th.regs.rsp, &mut stack);
-        for (i, w) in stack[..n - n % 8].chunks_exact(8).enumerate() {
-            let a = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
-            if let Some(what) = forbidden(a) {
-                if after_call(held, a) {
-                    return Some(format!(
-                        "thread {} is inside {what} (return address {a:#x} at sp+{:#x})",
-                        th.tid,
-                        i * 8
-                    ));
-                }
+    }
+    scan(held, th.tid, regs.sp(), &|a| {
+        t.forbidden
+            .find(a)
+            .or_else(|| shim_too.then(|| t.shim_code.find(a)).flatten())
+    })
+}
+
+/// The stack of thread `tid` from `sp` up (at most [`STACK_SCAN`] bytes), where unwinding
+/// could not go: why it is inside a function `forbidden` names when one of its words is a
+/// return address into one (it points there and follows a call instruction). Conservative: a
+/// stale word counts too. (The loader is left out: stale return addresses into it are
+/// common, e.g. from lazy binding, and its lock is taken through libc's entry points.)
+fn scan<'t>(
+    held: &Held,
+    tid: u32,
+    sp: u64,
+    forbidden: &dyn Fn(u64) -> Option<&'t str>,
+) -> Option<String> {
+    let mut stack = vec![0u8; STACK_SCAN];
+    let n = held.read(sp, &mut stack);
+    for (i, w) in stack[..n - n % 8].chunks_exact(8).enumerate() {
+        let a = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+        if let Some(what) = forbidden(a) {
+            if after_call(held, a) {
+                return Some(format!(
+                    "thread {tid} may be inside {what} (return address {a:#x} at {sp:#x}+{:#x}, \
+                     in code without unwind information)",
+                    i * 8
+                ));
             }
         }
     }
