@@ -343,7 +343,6 @@ fn multi_process_flame_graph_has_a_root_per_process() {
 #[test]
 fn crafted_profiles_are_refused_before_decoding() {
     use std::io::Write;
-    use std::os::unix::process::CommandExt;
     let dir = region_dir("crafted-pprof");
     std::fs::create_dir_all(&dir).unwrap();
     let write_gz = |name: &str, head: &[u8], chunk: &[u8], n: usize| {
@@ -366,17 +365,7 @@ fn crafted_profiles_are_refused_before_decoding() {
     let run_limited = |input: &Path| {
         let mut cmd = Command::new(heapdump());
         cmd.args(["convert"]).arg(input).arg("-o").arg(&out);
-        // SAFETY: only setrlimit between fork and exec (async-signal-safe).
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: 1 << 30,
-                    rlim_max: 1 << 30,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &lim);
-                Ok(())
-            })
-        };
+        limit_address_space(&mut cmd, 1 << 30);
         run_timeout(&mut cmd, std::time::Duration::from_secs(60))
     };
     let t = run_limited(&samples);

@@ -174,7 +174,6 @@ fn table_made_smaller_for_space_reports_the_file_system_when_full() {
 /// free, and says that its tables were made smaller.
 #[test]
 fn an_address_space_limit_leaves_the_program_its_memory() {
-    use std::os::unix::process::CommandExt;
     let dir = region_dir("rlimit-as");
     std::fs::create_dir_all(&dir).unwrap();
     let exe = compile_c("hold_sized", &[]);
@@ -188,17 +187,7 @@ fn an_address_space_limit_leaves_the_program_its_memory() {
         if preload {
             c.env("LD_PRELOAD", shim());
         }
-        // SAFETY: only setrlimit between fork and exec (async-signal-safe).
-        unsafe {
-            c.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: 3_500_000 << 10,
-                    rlim_max: 3_500_000 << 10,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &lim);
-                Ok(())
-            })
-        };
+        limit_address_space(&mut c, 3_500_000 << 10);
         c.status().unwrap().code()
     };
     assert_eq!(run(false), Some(0), "without heapdump");

@@ -670,3 +670,20 @@ pub fn skip_note(line: &str) {
     }
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
+
+/// Sets `cmd`'s address-space limit (`RLIMIT_AS`, soft and hard, as `ulimit -v` does) to
+/// `bytes` in the child, before it runs.
+pub fn limit_address_space(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only setrlimit between fork and exec (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &lim);
+            Ok(())
+        })
+    };
+}
