@@ -54,23 +54,22 @@ pub unsafe fn set(sig: libc::c_int, handler: Handler, flags: libc::c_int) -> std
 /// Whether `sig`'s disposition is the default action or `handler` (not ignored, not another
 /// handler the program installed). `false` for an invalid signal.
 pub fn is_default_or(sig: libc::c_int, handler: Handler) -> bool {
-    // SAFETY: a zeroed sigaction is a valid value to receive the current action into.
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: only reads the current action into `old`.
-    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
-        return false;
-    }
-    old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == handler.address()
+    current(sig).is_some_and(|h| h == libc::SIG_DFL || h == handler.address())
 }
 
 /// Whether `sig` is ignored (`SIG_IGN`), as a parent such as `nohup` or a shell's `trap ''`
 /// leaves it for the programs it starts. `false` for an invalid signal.
 pub fn is_ignored(sig: libc::c_int) -> bool {
+    current(sig) == Some(libc::SIG_IGN)
+}
+
+/// `sig`'s current disposition (`sa_sigaction`); `None` for an invalid signal.
+fn current(sig: libc::c_int) -> Option<libc::sighandler_t> {
     // SAFETY: a zeroed sigaction is a valid value to receive the current action into.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: only reads the current action into `old`.
     if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
-        return false;
+        return None;
     }
-    old.sa_sigaction == libc::SIG_IGN
+    Some(old.sa_sigaction)
 }
