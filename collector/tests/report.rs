@@ -425,6 +425,25 @@ fn bad_inputs_are_refused_clearly() {
     assert!(ok, "{err}");
     let page = std::fs::read_to_string(&out).unwrap();
     assert_eq!(data(&page)["processes"].as_array().unwrap().len(), 1);
+    // A directory whose profile has a name that is not UTF-8 is read; a symbolic link and a
+    // FIFO named like profiles are skipped with a warning naming them (not followed, not
+    // opened: a FIFO would block the report for ever).
+    use std::os::unix::ffi::OsStrExt;
+    let odd = d.path().join("odd");
+    std::fs::create_dir(&odd).unwrap();
+    let first = profiles(&r.dir).into_iter().next().unwrap();
+    let latin1 = odd.join(std::ffi::OsStr::from_bytes(b"caf\xe9-1.pb.gz"));
+    std::fs::copy(&first, &latin1).unwrap();
+    std::os::unix::fs::symlink(&first, odd.join("link.pb.gz")).unwrap();
+    let fifo = odd.join("fifo.pb.gz");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (ok, _, err) = heapdump_cmd(d.path(), &["report", odd.to_str().unwrap(), "-o", o]);
+    assert!(ok, "{err}");
+    assert!(err.contains("report of 1 snapshot(s)"), "{err}");
+    assert!(err.contains("link.pb.gz: a symbolic link"), "{err}");
+    assert!(err.contains("fifo.pb.gz: not a regular file"), "{err}");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use crate::sites::Sites;
 use anyhow::{bail, Context, Result};
 pub use model::Report;
 use std::path::{Path, PathBuf};
+use std::os::unix::ffi::OsStrExt;
 
 /// What `heapdump report` does.
 #[derive(Debug, Clone)]
@@ -56,14 +57,30 @@ fn profile_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
             let rd = std::fs::read_dir(input)
                 .with_context(|| format!("cannot list {}", input.display()))?;
             for e in rd.flatten() {
+                // By bytes: a name that is not UTF-8 is still a profile if it ends so.
                 let name = e.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') || !(name.ends_with(".pb.gz") || name.ends_with(".hdsnap"))
+                let name = name.as_bytes();
+                if name.starts_with(b".")
+                    || !(name.ends_with(b".pb.gz") || name.ends_with(b".hdsnap"))
                 {
                     continue;
                 }
-                if e.file_type().is_ok_and(|t| t.is_file()) {
-                    out.push((e.path(), false));
+                match e.file_type() {
+                    Ok(t) if t.is_file() => out.push((e.path(), false)),
+                    // Not followed: a link in a directory of profiles may point anywhere.
+                    Ok(t) => eprintln!(
+                        "heapdump: warning: skipped {}: {}",
+                        crate::regions::shown(&e.path().display().to_string()),
+                        if t.is_symlink() {
+                            "a symbolic link (not followed in a directory; name its target)"
+                        } else {
+                            "not a regular file"
+                        }
+                    ),
+                    Err(err) => eprintln!(
+                        "heapdump: warning: skipped {}: {err}",
+                        crate::regions::shown(&e.path().display().to_string())
+                    ),
                 }
             }
         } else {
