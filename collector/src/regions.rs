@@ -948,6 +948,13 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
             let files = list_files(&region_dir())?;
             let mut mine: Vec<&RegionFile> = files.iter().filter(|f| f.pid == *pid).collect();
             if mine.is_empty() {
+                if matches!(proc_state(*pid), Some('Z' | 'X')) {
+                    bail!(
+                        "process {pid} has exited (a zombie: its parent has not reaped it) and \
+                         left no region in {}",
+                        region_dir().display()
+                    );
+                }
                 if proc_start_ticks(*pid).is_some() {
                     bail!(
                         "process {pid} is not instrumented (no region in {}); start it with \

@@ -317,6 +317,23 @@ fn attach_refuses_cleanly() {
     send(&mut r, "q");
     assert_eq!(r.finish(), 0);
 
+    // A zombie (exited, not reaped): said so, not blamed on ptrace rights; `leaks` does not
+    // suggest attaching to it. heapdump itself: refused before any ptrace call.
+    let mut z = Command::new("true").spawn().unwrap();
+    let stat = format!("/proc/{}/stat", z.id());
+    let zombie = (0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z "))
+    });
+    assert!(zombie, "true did not become a zombie");
+    for verb in ["attach", "detach", "leaks"] {
+        let (ok, _, se) = heapdump_cmd(&dir, &[verb, "--by-pid", &z.id().to_string()]);
+        assert!(!ok, "{verb} of a zombie succeeded");
+        assert!(se.contains("has exited (a zombie"), "{verb}: {se}");
+        assert!(!se.contains("ptrace_scope") && !se.contains("attach --by-pid"), "{verb}: {se}");
+    }
+    z.wait().unwrap();
+
     // A static binary.
     let src = root().join("examples/c/attach_target.c");
     let out = target_dir().join("test-bins/attach_target_static");

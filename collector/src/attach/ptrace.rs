@@ -115,6 +115,16 @@ fn ours(sig: i32) -> bool {
 
 /// The message for a `PTRACE_SEIZE` refused with `e`.
 fn denied(pid: u32, e: &std::io::Error) -> anyhow::Error {
+    // Not a matter of rights: the process is gone, or exited and waits to be reaped.
+    if matches!(crate::regions::proc_state(pid), Some('Z' | 'X')) {
+        return anyhow!(
+            "cannot attach to pid {pid}: the process has exited (a zombie: its parent has not \
+             reaped it); nothing was changed"
+        );
+    }
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        return anyhow!("cannot attach to pid {pid}: the process has exited; nothing was changed");
+    }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "absent".into());
@@ -131,6 +141,9 @@ impl Held {
     /// Errors: ptrace refused (the message names `kernel.yama.ptrace_scope` and
     /// `CAP_SYS_PTRACE`), the process is gone. Threads attached before an error are resumed.
     pub fn stop(pid: u32) -> Result<Held> {
+        if pid == std::process::id() {
+            bail!("cannot attach to pid {pid}: it is this heapdump process itself");
+        }
         let mem = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

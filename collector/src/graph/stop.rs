@@ -55,6 +55,9 @@ fn tids(pid: u32) -> Vec<u32> {
 /// Errors: the process cannot be traced (another tracer, ptrace not permitted: the message
 /// says what to do), or it is gone. Threads attached before an error are resumed.
 pub fn stop(pid: u32) -> Result<Stopped> {
+    if pid == std::process::id() {
+        anyhow::bail!("cannot stop pid {pid}: it is this heapdump process itself");
+    }
     let mut s = Stopped {
         threads: Vec::new(),
         attached: Vec::new(),
