@@ -465,6 +465,33 @@ fn signal_handler_allocations_are_recorded() {
     }
 }
 
+/// A thread whose first allocator call is glibc's `realloc` inside
+/// `pthread_getattr_np(pthread_self())`, which holds the thread's own descriptor lock (Ruby,
+/// the JVM and Rust std start threads so): the shim must not ask `pthread_getattr_np` for the
+/// stack bounds from there (it deadlocked: the program hung for ever). The threads' blocks are
+/// recorded with their whole stacks, asked for once the thread is out of it.
+#[test]
+fn a_thread_starting_in_pthread_getattr_np_runs_and_is_recorded() {
+    let exe = compile_c("getattr_first", &["-fno-optimize-sibling-calls"]);
+    for unwind in ["dwarf", "fp"] {
+        let dir = region_dir(&format!("getattr-{unwind}"));
+        let mut cmd = Command::new(&exe);
+        cmd.env("HEAPDUMP_UNWIND", unwind);
+        // The program prints "hung" and exits 2 when a thread does not finish in 10 s.
+        let r = start_until(cmd, &dir, true, "");
+        assert!(
+            r.ready.first().is_some_and(|w| w.parse::<u32>().is_ok()),
+            "{unwind}: the program's first line was not \"ready PID ...\" (\"hung\": a deadlock)"
+        );
+        let p = decode(&snapshot(&dir, r.pid(), &[]));
+        let blocks = sum_through(&p, "thread_blocks");
+        assert_eq!([blocks[2], blocks[3]], [400, 400_000], "{unwind}");
+        let whole = sum_through(&p, "thread_main");
+        assert_eq!([whole[2], whole[3]], [400, 400_000], "{unwind}");
+        assert_eq!(r.finish(), 0);
+    }
+}
+
 /// A4: a child made by the raw fork system call shares the parent's region mapping but runs
 /// no fork handlers. Its frees of the parent's 1000 blocks must not reach the parent's
 /// region; `heapdump list` says a child went unrecorded.

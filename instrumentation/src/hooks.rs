@@ -345,7 +345,11 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
     // a sigaltstack) the end of the memory readable above this frame.
     let marker = 0u8;
-    let hi = t.stack_limit(std::hint::black_box(&marker) as *const u8 as usize);
+    let sp = std::hint::black_box(&marker) as *const u8 as usize;
+    if t.bounds_pending.get() {
+        t.settle_bounds(sp);
+    }
+    let hi = t.stack_limit(sp);
     let fp = match start {
         Start::FramePointer(fp) | Start::Here { fp, .. } => fp,
     };

@@ -164,6 +164,9 @@ pub struct Tls {
     /// This thread's stack: `[stack_lo, stack_hi)` (0, 0 if unknown).
     pub(crate) stack_lo: Cell<usize>,
     pub(crate) stack_hi: Cell<usize>,
+    /// The stack bounds are still to be asked for: the thread registered inside
+    /// `pthread_getattr_np` (see [`crate::unwind::inside_getattr`]).
+    pub(crate) bounds_pending: Cell<bool>,
     pub(crate) ops: Cell<u32>,
     pub(crate) fresh_next: Cell<u32>,
     pub(crate) fresh_end: Cell<u32>,
@@ -235,6 +238,7 @@ impl Tls {
             tid: Cell::new(0),
             stack_lo: Cell::new(0),
             stack_hi: Cell::new(0),
+            bounds_pending: Cell::new(false),
             ops: Cell::new(0),
             fresh_next: Cell::new(0),
             fresh_end: Cell::new(0),
@@ -275,6 +279,27 @@ impl Tls {
             return hi;
         }
         crate::unwind::readable_above(sp)
+    }
+
+    /// Asks for the stack bounds of a thread that registered inside `pthread_getattr_np`
+    /// ([`Tls::bounds_pending`]) once it is out of it, and not on an alternate signal stack (a
+    /// handler there may have interrupted `pthread_getattr_np` out of sight of the search).
+    /// Called by a recording operation, inside the reentrancy guard.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn settle_bounds(&self, sp: usize) {
+        // SAFETY: a zeroed stack_t is valid for sigaltstack to fill; no new stack is set.
+        let on_alt = unsafe {
+            let mut ss: libc::stack_t = std::mem::zeroed();
+            libc::sigaltstack(std::ptr::null(), &mut ss) != 0 || ss.ss_flags & libc::SS_ONSTACK != 0
+        };
+        if on_alt || crate::unwind::inside_getattr(sp) {
+            return;
+        }
+        let (lo, hi) = crate::unwind::current_stack_bounds(false);
+        self.stack_lo.set(lo);
+        self.stack_hi.set(hi);
+        self.bounds_pending.set(false);
     }
 
     /// OS thread id.

@@ -295,9 +295,17 @@ pub(crate) fn register_thread(g: &Global, t: &Tls) {
     // A forked child keeps the stack bounds of the thread that forked (which may not be the
     // process's first thread).
     if t.stack_hi.get() == 0 {
-        let (lo, hi) = crate::unwind::current_stack_bounds(tid == g.pid);
-        t.stack_lo.set(lo);
-        t.stack_hi.set(hi);
+        let marker = 0u8;
+        let sp = std::hint::black_box(&marker) as *const u8 as usize;
+        if tid != g.pid && crate::unwind::inside_getattr(sp) {
+            // Asked later, outside it (see `unwind::inside_getattr` and `Tls::stack_limit`):
+            // until then walks stop at the end of the memory readable above them.
+            t.bounds_pending.set(true);
+        } else {
+            let (lo, hi) = crate::unwind::current_stack_bounds(tid == g.pid);
+            t.stack_lo.set(lo);
+            t.stack_hi.set(hi);
+        }
     }
     match g.writer.claim_thread(tid, &thread_name()) {
         Some(i) => {

@@ -154,6 +154,37 @@ pub fn current_stack_bounds(is_main: bool) -> (usize, usize) {
     }
 }
 
+/// Whether the calling thread may be inside glibc's `pthread_getattr_np`: a word of its stack
+/// within [`GETATTR_SCAN`] bytes above `sp` points into that function's code (at most
+/// [`GETATTR_CODE`] bytes from its start; 1004 in glibc 2.36). For a thread other than the
+/// main one, `pthread_getattr_np(pthread_self())` takes the thread's own descriptor lock and,
+/// holding it, calls `realloc` for its CPU set: when that `realloc` is the thread's first
+/// recorded call (Ruby's, the JVM's and Rust's std's new threads ask for their stack first
+/// thing), asking `pthread_getattr_np` for the stack bounds from there waits on that lock
+/// for ever. A stale word matching only delays the question (see `Tls::stack_limit`), so a
+/// false positive costs nothing but a shorter walk.
+pub fn inside_getattr(sp: usize) -> bool {
+    let start = libc::pthread_getattr_np as *const () as usize;
+    let top = readable_above(sp).min(sp.saturating_add(GETATTR_SCAN));
+    let mut at = (sp + 7) & !7;
+    while at + 8 <= top {
+        // SAFETY: `[sp, top)` is readable (just probed) and is this thread's own stack, which
+        // nothing unmaps while the thread runs here.
+        let w = unsafe { (at as *const usize).read() };
+        if w > start && w - start < GETATTR_CODE {
+            return true;
+        }
+        at += 8;
+    }
+    false
+}
+
+/// Bytes of stack [`inside_getattr`] searches: the shim's frames between the allocator entry
+/// and the question (a few KiB) and `pthread_getattr_np`'s own.
+const GETATTR_SCAN: usize = 32 << 10;
+/// Bytes of `pthread_getattr_np`'s code a return address may point into.
+const GETATTR_CODE: usize = 4096;
+
 /// Whether `pc` is the start of the kernel's signal-return trampoline (glibc's `__restore_rt`
 /// on x86-64: `mov $15, %rax; syscall`), i.e. the return address of a signal handler's frame.
 /// The code is read through the kernel ([`read_checked`]): `pc` may come from a frame-pointer
