@@ -330,7 +330,10 @@ fn attach_refuses_cleanly() {
         let (ok, _, se) = heapdump_cmd(&dir, &[verb, "--by-pid", &z.id().to_string()]);
         assert!(!ok, "{verb} of a zombie succeeded");
         assert!(se.contains("has exited (a zombie"), "{verb}: {se}");
-        assert!(!se.contains("ptrace_scope") && !se.contains("attach --by-pid"), "{verb}: {se}");
+        assert!(
+            !se.contains("ptrace_scope") && !se.contains("attach --by-pid"),
+            "{verb}: {se}"
+        );
     }
     z.wait().unwrap();
 

@@ -492,6 +492,31 @@ fn a_thread_starting_in_pthread_getattr_np_runs_and_is_recorded() {
     }
 }
 
+/// Another allocator preloaded after the shim (jemalloc, or linked in as redis is): the
+/// shim's blocks are glibc's, and `malloc_usable_size` forwards to glibc's own, not to the
+/// next definition (jemalloc's crashed on a glibc block: redis-server died at start-up).
+#[test]
+fn malloc_usable_size_stays_glibcs_beside_another_allocator() {
+    let jemalloc = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    if !jemalloc.exists() {
+        skip_note(&format!(
+            "skipped: malloc_usable_size_stays_glibcs_beside_another_allocator: no {} (Debian's libjemalloc2)",
+            jemalloc.display()
+        ));
+        return;
+    }
+    let exe = compile_c("usable_size", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("usable-jemalloc");
+    let mut cmd = Command::new(&exe);
+    let preload = format!("{}:{}", shim().display(), jemalloc.display());
+    cmd.env("LD_PRELOAD", preload);
+    let r = start(cmd, &dir, false);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    let kept = sum_through(&p, "keep_blocks");
+    assert_eq!([kept[2], kept[3]], [10, 1000]);
+    assert_eq!(r.finish(), 0);
+}
+
 /// A4: a child made by the raw fork system call shares the parent's region mapping but runs
 /// no fork handlers. Its frees of the parent's 1000 blocks must not reach the parent's
 /// region; `heapdump list` says a child went unrecorded.

@@ -15,8 +15,8 @@ pub mod page;
 use crate::sites::Sites;
 use anyhow::{bail, Context, Result};
 pub use model::Report;
-use std::path::{Path, PathBuf};
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 /// What `heapdump report` does.
 #[derive(Debug, Clone)]

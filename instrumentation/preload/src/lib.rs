@@ -800,13 +800,54 @@ fn next_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
     f
 }
 
+/// glibc's own definition of `name` (cached in `cache`), not the next one after the shim: the
+/// blocks the shim hands out are glibc's (`__libc_malloc`), and a program linked with another
+/// allocator that defines the same name (redis with jemalloc: `libjemalloc.so.2` comes before
+/// libc in its search order), or one preloaded after the shim, would be handed glibc's
+/// blocks (a crash in jemalloc's `malloc_usable_size`). Looked up in libc itself
+/// (`dlopen("libc.so.6", RTLD_NOLOAD)`); the next definition if that fails. 0: none.
+fn glibc_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        // The loader's own `dlopen`/`dlclose`, not the shim's (which refresh its module table).
+        let (open, close) = (
+            next_symbol(&REAL_DLOPEN, b"dlopen\0"),
+            next_symbol(&REAL_DLCLOSE, b"dlclose\0"),
+        );
+        if open != 0 && close != 0 {
+            // SAFETY: `open` and `close` are the loader's dlopen and dlclose, of these
+            // signatures; RTLD_NOLOAD only returns the already loaded libc.
+            unsafe {
+                let h = std::mem::transmute::<
+                    usize,
+                    unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void,
+                >(open)(
+                    c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY
+                );
+                if !h.is_null() {
+                    f = libc::dlsym(h, name.as_ptr() as *const c_char) as usize;
+                    // Drops the reference RTLD_NOLOAD took; libc stays loaded.
+                    std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(close)(
+                        h,
+                    );
+                }
+            }
+        }
+        if f == 0 {
+            return next_symbol(cache, name);
+        }
+        cache.store(f, Ordering::Release);
+    }
+    f
+}
+
 /// `malloc_usable_size(3)`, forwarded to glibc's.
 ///
 /// # Safety
 /// As `malloc_usable_size(3)`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
-    let f = next_symbol(&REAL_USABLE, b"malloc_usable_size\0");
+    let f = glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0");
     if f == 0 || ptr.is_null() {
         return 0;
     }
