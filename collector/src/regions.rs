@@ -157,9 +157,27 @@ pub struct Opened {
     /// Its directory's owner and mode, from `fstat` of the directory it was opened in.
     dir_owner: u32,
     dir_mode: u32,
+    /// The process (pid, start ticks) the header named when [`trust`] accepted it
+    /// ([`open_usable`]): the header is the writer's to change afterwards.
+    checked: std::sync::OnceLock<(u32, u64)>,
 }
 
 impl Opened {
+    /// The process (pid, start ticks) the header named when it was trusted ([`open_usable`]),
+    /// if it was checked.
+    pub fn checked(&self) -> Option<(u32, u64)> {
+        self.checked.get().copied()
+    }
+
+    /// Whether the process the region was trusted for is still running as it was: not gone,
+    /// not a zombie, its pid not reused. `true` when it was not checked.
+    pub fn still_checked_process(&self) -> bool {
+        self.checked().is_none_or(|(pid, ticks)| {
+            proc_start_ticks(pid) == Some(ticks)
+                && !matches!(proc_state(pid), None | Some('Z' | 'X'))
+        })
+    }
+
     /// The validated region view (reads only the parts of the file that hold data, see
     /// [`Region::with_file`]).
     pub fn region(&self) -> Result<Region<'_>> {
@@ -426,6 +444,7 @@ pub fn open(path: &Path) -> Result<Opened> {
         mode: md.mode(),
         dir_owner: dir_md.st_uid,
         dir_mode: dir_md.st_mode,
+        checked: std::sync::OnceLock::new(),
     })
 }
 
@@ -570,6 +589,7 @@ pub fn open_usable(path: &Path, f: Option<&RegionFile>) -> Result<Usable> {
     if let Err(line) = trust(&opened, &info, file.as_ref()) {
         bail!("{line}");
     }
+    let _ = opened.checked.set((info.pid, info.start_ticks));
     let liveness = match (&file, f) {
         (Some(rf), Some(_)) => {
             let files = list_files(&region_dir()).unwrap_or_default();

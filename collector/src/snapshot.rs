@@ -106,7 +106,13 @@ pub fn collect_at(
     if live {
         lock_exclusive(opened, lock_timeout)?;
     }
-    let target_pid = region.info().pid;
+    // The pid checked when the region was trusted, not the header's now (its writer may have
+    // changed it since); and that process must still be the one running under it (the
+    // region's owner can hold the lock while its pid is reused).
+    let target_pid = opened.checked().map_or(region.info().pid, |(pid, _)| pid);
+    if live && !opened.still_checked_process() {
+        anyhow::bail!("pid {target_pid} exited while the snapshot waited for the region's lock");
+    }
     // A stopped target is read as it is (no lease, no wait), when `/proc` shows every thread
     // stopped before the scan and again, none having run, after it; one that ran meanwhile is
     // snapshotted again (a few times, then with the live protocol).

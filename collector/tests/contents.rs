@@ -456,6 +456,82 @@ fn blocks_freed_while_being_read_are_skipped_and_counted() {
     assert_eq!(r.finish(), 0);
 }
 
+/// The target's pid goes to another process while heapdump reads its blocks' contents (the
+/// region's owner can hold the region's lock while it makes that happen): what was read is
+/// not kept — no files, no profile — and the error says why, where heapdump used to write the
+/// new process's memory into the profile under the old one's name. The pid is handed on
+/// deterministically through `/proc/sys/kernel/ns_last_pid` (root only).
+#[test]
+fn a_pid_reused_during_the_read_keeps_nothing() {
+    const T: &str = "a_pid_reused_during_the_read_keeps_nothing";
+    if let Some(why) = missing() {
+        return skip(T, &why);
+    }
+    let last_pid = Path::new("/proc/sys/kernel/ns_last_pid");
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open(last_pid)
+        .is_err()
+    {
+        return skip(T, "cannot write /proc/sys/kernel/ns_last_pid (not root)");
+    }
+    let regions = region_dir("contents-reused");
+    let (mut r, _known) = start_contents(&regions, false);
+    let dir = out_dir("contents-reused");
+    let profile = regions.with_extension("pb.gz");
+    let pause = regions.with_extension("pause");
+    let _ = std::fs::remove_file(&pause);
+    let pid = r.pid();
+    let child = Command::new(heapdump())
+        .args(["snapshot", "--by-pid", &pid.to_string(), "-o"])
+        .arg(&profile)
+        .args(["--with-strings", "--contents-dir"])
+        .arg(&dir)
+        .env("HEAPDUMP_DIR", &regions)
+        .env("HEAPDUMP_TEST_CONTENTS_PAUSE", &pause)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !pause.exists() {
+        assert!(t0.elapsed().as_secs() < 60, "heapdump never paused");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    r.child.kill().unwrap();
+    r.child.wait().unwrap();
+    // Another process (not instrumented) under the same pid: other tests start processes
+    // too, so try until this one gets it.
+    let mut other = None;
+    for _ in 0..200 {
+        std::fs::write(last_pid, (pid - 1).to_string()).unwrap();
+        let mut c = Command::new("sleep").arg("60").spawn().unwrap();
+        if c.id() == pid {
+            other = Some(c);
+            break;
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let Some(mut other) = other else {
+        std::fs::remove_file(&pause).unwrap();
+        let _ = child.wait_with_output();
+        return skip(T, "the pid was taken by another process 200 times");
+    };
+    std::fs::remove_file(&pause).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("pid {pid} exited during the read")),
+        "{err}"
+    );
+    assert!(!profile.exists(), "a profile was written");
+    assert_eq!(files(&dir).len(), 0, "block files were kept");
+}
+
 #[test]
 fn post_mortem_contents_are_a_clear_error() {
     const T: &str = "post_mortem_contents_are_a_clear_error";

@@ -75,14 +75,39 @@ pub fn run(p: SnapshotProps) -> Result<()> {
             ));
             let blocks = c.blocks.as_deref().unwrap_or_default();
             let mut read = contents::read(info.pid, blocks, req, out_dir.as_ref())?;
+            // The process read must still be the one trusted: its pid reused meanwhile (the
+            // region's owner can hold the lock while that happens), the bytes read may be
+            // another process's. Nothing of them is kept, whatever fails from here.
+            let discard = |read: &mut contents::Outcome, e: anyhow::Error| -> anyhow::Error {
+                match read.drop_freed(&Default::default(), out_dir.as_ref()) {
+                    Ok(()) => e,
+                    Err(also) => e.context(format!("{also:#}")),
+                }
+            };
+            let gone = || {
+                anyhow::anyhow!(
+                    "pid {} exited during the read of the blocks' contents: what was read \
+                     cannot be trusted, and nothing of it was kept",
+                    info.pid
+                )
+            };
+            if !opened.still_checked_process() {
+                return Err(discard(&mut read, gone()));
+            }
             // A second look at the region: blocks freed since the snapshot may have been read
             // after their memory was reused.
             stage("checking which blocks were freed meanwhile");
-            let again = snapshot::collect(&opened, liveness, true, p.lock_timeout)?;
+            let again = match snapshot::collect(&opened, liveness, true, p.lock_timeout) {
+                Ok(again) => again,
+                Err(e) => return Err(discard(&mut read, e)),
+            };
             let live: std::collections::HashSet<(u64, u64, u64)> = (again.blocks.iter().flatten())
                 .map(|b| (b.address, b.t_alloc, b.size))
                 .collect();
             read.drop_freed(&live, out_dir.as_ref())?;
+            if !opened.still_checked_process() {
+                return Err(discard(&mut read, gone()));
+            }
             Some(read)
         }
         None => None,
