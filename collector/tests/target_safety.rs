@@ -517,6 +517,67 @@ fn malloc_usable_size_stays_glibcs_beside_another_allocator() {
     assert_eq!(r.finish(), 0);
 }
 
+/// The shim's warnings never harm the program: a forked child that cannot get a region
+/// (RLIMIT_NOFILE 3) while descriptor 2 is a pipe nobody reads is not killed by SIGPIPE (it
+/// was), and one whose descriptor 2 is now a data file finds nothing of the shim's in it (a
+/// line was appended). And a file-size limit (`ulimit -f`) below the region's size makes it
+/// smaller or leaves the program unrecorded, never kills it with SIGXFSZ (every command
+/// under `ulimit -f 4` died so).
+#[test]
+fn warnings_and_file_limits_never_harm_the_program() {
+    let exe = compile_c("stderr_taken", &[]);
+    let dir = region_dir("stderr-taken");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let out = Command::new(&exe)
+        .arg(&data)
+        .env("HEAPDUMP_DIR", &dir)
+        .env("LD_PRELOAD", shim())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "pipe exit=0 signal=0\nfile bytes=5 exit=0\n"
+    );
+    assert_eq!(std::fs::read(&data).unwrap(), b"DATA\n");
+    // ulimit -f 4 (4 KiB): not recorded, a warning on stderr, the program runs as bare.
+    let run = |limit: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -f {limit}; exec /bin/echo hi"))
+            .env("HEAPDUMP_DIR", &dir)
+            .env("LD_PRELOAD", shim())
+            .output()
+            .unwrap()
+    };
+    let small = run("4");
+    assert!(small.status.success(), "{small:?}");
+    assert_eq!(small.stdout, b"hi\n");
+    assert!(
+        String::from_utf8_lossy(&small.stderr).contains("RLIMIT_FSIZE"),
+        "{small:?}"
+    );
+    // ulimit -f 100000 (~100 MB): recorded in a smaller region, which `list` warns of.
+    let mut held = Command::new("sh");
+    let hold = compile_c("hold_sized", &["-fno-optimize-sibling-calls"]);
+    held.arg("-c").arg(format!(
+        "ulimit -f 100000; exec {} 100 1000",
+        hold.display()
+    ));
+    let r = start(held, &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    // hold_sized's 100 blocks of 1000 B and their array of pointers.
+    let held = sum_through(&p, "hold_blocks");
+    assert_eq!([held[2], held[3]], [101, 100 * 1000 + 100 * 8]);
+    let list = list_json(&dir);
+    let mine = (list.iter())
+        .find(|e| e["pid"].as_u64() == Some(r.pid() as u64))
+        .unwrap();
+    assert!(mine.to_string().contains("RLIMIT_FSIZE"), "{mine}");
+    assert_eq!(r.finish(), 0);
+}
+
 /// A4: a child made by the raw fork system call shares the parent's region mapping but runs
 /// no fork handlers. Its frees of the parent's 1000 blocks must not reach the parent's
 /// region; `heapdump list` says a child went unrecorded.

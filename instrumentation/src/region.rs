@@ -413,6 +413,31 @@ pub fn create(settings: &Settings) -> Option<Created> {
             ]);
         }
     }
+    // Nor more than the file-size limit (`ulimit -f`, RLIMIT_FSIZE): sizing the file past it
+    // raises SIGXFSZ, which kills the program.
+    // SAFETY: `rl` is writable.
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut rl) } == 0
+        && rl.rlim_cur != libc::RLIM_INFINITY
+    {
+        let before = caps;
+        while plan(&caps).1 > rl.rlim_cur && caps.nodes > 4096 {
+            halve(&mut caps);
+        }
+        if plan(&caps).1 > rl.rlim_cur {
+            warn(b"heapdump: the file-size limit (RLIMIT_FSIZE, ulimit -f) is below the smallest region; not recording\n");
+            return None;
+        }
+        if caps != before {
+            let mut num = [0u8; 20];
+            let mut num2 = [0u8; 20];
+            settings.warn(&[
+                b"the file-size limit (RLIMIT_FSIZE, ulimit -f) is low: allocations table reduced to ",
+                crate::sys::fmt_u64(caps.nodes, &mut num),
+                b" records, stack traces to ",
+                crate::sys::fmt_u64(caps.stacks, &mut num2),
+            ]);
+        }
+    }
     let for_limit = caps;
     // Never reserve more than the file system can hold: touching a page past a full tmpfs
     // raises SIGBUS in the target.

@@ -179,6 +179,7 @@ pub fn interrupted_recording() -> bool {
 /// Starts recording if nobody has yet. Safe to call from any thread at any time.
 #[cold]
 pub fn init() {
+    crate::sys::note_stderr();
     if STATE
         .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Relaxed)
         .is_err()

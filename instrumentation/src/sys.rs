@@ -269,10 +269,84 @@ pub fn read_file(path: &[u8], buf: &mut [u8]) -> usize {
     n
 }
 
-/// Writes a message to stderr with one `write(2)` (no allocation, no stdio).
+/// Device and inode of descriptor 2 when [`note_stderr`] ran (`STDERR_NOTED`: whether it ran,
+/// and whether descriptor 2 was open then).
+static STDERR_DEV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static STDERR_INO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// 0: not noted; 1: noted, open; 2: noted, closed (nothing is ever written).
+static STDERR_NOTED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Notes which file descriptor 2 is at start-up (the stderr the user gave the program), so
+/// that [`warn`] writes there only: a program that closes stderr and opens a data file as
+/// descriptor 2 (a daemon) must not find the shim's warnings in it. The first call counts.
+pub fn note_stderr() {
+    use std::sync::atomic::Ordering;
+    if STDERR_NOTED.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    // SAFETY: a zeroed stat is valid for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a descriptor number into a writable buffer; errno is restored.
+    let ok = unsafe {
+        let saved = *libc::__errno_location();
+        let ok = libc::fstat(2, &mut st) == 0;
+        *libc::__errno_location() = saved;
+        ok
+    };
+    STDERR_DEV.store(st.st_dev, Ordering::Relaxed);
+    STDERR_INO.store(st.st_ino, Ordering::Relaxed);
+    STDERR_NOTED.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Writes a message to stderr with one `write(2)` (no allocation, no stdio), without
+/// harming the program: only when descriptor 2 is still the file it was at start-up (see
+/// [`note_stderr`]), with SIGPIPE and SIGXFSZ blocked around the write (a pipe whose reader
+/// is gone, a file at `ulimit -f`, would otherwise kill the program), a signal the write
+/// raised taken back, and errno kept.
 pub fn warn(msg: &[u8]) {
-    // SAFETY: writing a valid buffer to fd 2; errors are ignored on purpose.
-    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+    use std::sync::atomic::Ordering;
+    note_stderr();
+    if STDERR_NOTED.load(Ordering::Relaxed) != 1 {
+        return;
+    }
+    // SAFETY: plain libc calls on valid local buffers; the signal mask is restored, and only
+    // a signal that became pending during our own write is taken back.
+    unsafe {
+        let saved = *libc::__errno_location();
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(2, &mut st) != 0
+            || st.st_dev != STDERR_DEV.load(Ordering::Relaxed)
+            || st.st_ino != STDERR_INO.load(Ordering::Relaxed)
+        {
+            *libc::__errno_location() = saved;
+            return;
+        }
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGPIPE);
+        libc::sigaddset(&mut block, libc::SIGXFSZ);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut before);
+        libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+        let mut after: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut after);
+        for sig in [libc::SIGPIPE, libc::SIGXFSZ] {
+            if libc::sigismember(&after, sig) == 1 && libc::sigismember(&before, sig) != 1 {
+                let mut one: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut one);
+                libc::sigaddset(&mut one, sig);
+                let now = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                libc::sigtimedwait(&one, std::ptr::null_mut(), &now);
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        *libc::__errno_location() = saved;
+    }
 }
 
 /// Formats `v` in decimal into `buf`, returning the digits.
