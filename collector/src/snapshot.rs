@@ -476,6 +476,7 @@ fn lock_holder(opened: &Opened) -> String {
                     .collect::<Vec<_>>()
                     .join(" ")
             })
+            .map(|c| crate::regions::shown(&c).into_owned())
             .unwrap_or_default();
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()

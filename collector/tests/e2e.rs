@@ -599,6 +599,40 @@ fn names_the_program_chose_are_escaped() {
         "{comments:?}"
     );
     assert_eq!(r.finish(), 0);
+    // A thread name is the program's to choose too (PR_SET_NAME): it names the thread's stack
+    // as a root in `top --retained`, `retainers` and captures.
+    let mut py = Command::new("python3");
+    py.args([
+        "-c",
+        "import ctypes, os, sys\n\
+         ctypes.CDLL(None).prctl(15, b'\\x1b]2;T\\x07\\x1b[31mX', 0, 0, 0)\n\
+         keep = [bytearray(5000) for i in range(10)]\n\
+         print('ready', os.getpid(), flush=True)\n\
+         sys.stdin.read()\n",
+    ]);
+    let r = start(py, &dir, true);
+    let pid = r.pid().to_string();
+    let (ok, top, err) = heapdump_cmd(&dir, &["top", "--retained", "--by-pid", &pid]);
+    assert!(ok, "{err}");
+    assert!(
+        top.contains("stack of \\u{1b}]2;T\\u{7}\\u{1b}[31mX"),
+        "{top:?}"
+    );
+    let capture = dir.join("escaped.hdsnap");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", capture.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    let (ok, chains, err) = heapdump_cmd(
+        &dir,
+        &["retainers", capture.to_str().unwrap(), "--function", ".*"],
+    );
+    assert!(ok, "{err}");
+    for text in [&top, &chains] {
+        assert!(!text.contains(['\x1b', '\x07']), "{text:?}");
+    }
+    assert_eq!(r.finish(), 0);
 }
 
 /// Issue 22 D11: a kept region (`HEAPDUMP_KEEP=1`) of a process that exited without

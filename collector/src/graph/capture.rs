@@ -756,9 +756,14 @@ fn root(r: pb::Root, n: u64) -> Result<Root> {
         targets.push(t as u32);
         p = t;
     }
+    // A capture may come from anyone: its names reach the terminal (see `regions::shown`).
+    let name = match crate::regions::shown(&r.name) {
+        std::borrow::Cow::Owned(s) => s,
+        std::borrow::Cow::Borrowed(_) => r.name,
+    };
     Ok(Root {
         kind,
-        name: r.name,
+        name,
         targets,
     })
 }

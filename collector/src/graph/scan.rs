@@ -600,6 +600,13 @@ pub fn build(
         roots.sort_by(|a, b| (a.kind as u8, &a.name).cmp(&(b.kind as u8, &b.name)));
     }
     drop(lookup);
+    // Thread, library and data-symbol names are the target's to choose: no control character
+    // reaches a terminal, a capture or an SVG.
+    for r in &mut roots {
+        if let std::borrow::Cow::Owned(s) = crate::regions::shown(&r.name) {
+            r.name = s;
+        }
+    }
     stats.seconds = started.elapsed().as_secs_f64();
     Ok((
         Graph {
