@@ -640,6 +640,38 @@ pub fn non_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
     Ok((!md.is_file()).then(|| file_kind(&md)))
 }
 
+/// The whole of `path` when it is a regular file of at most `max` bytes: opened without
+/// blocking (a FIFO a profiled program put in a library's place would block for ever) and
+/// read no further than its size said (a device such as `/dev/zero` would never end).
+///
+/// Errors: the open or read fails; not a regular file (`InvalidInput`); larger than `max`.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)?;
+    let md = f.metadata()?;
+    if !md.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}, not a regular file", file_kind(&md)),
+        ));
+    }
+    if md.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} bytes, more than the {max} read at most", md.len()),
+        ));
+    }
+    let mut data = Vec::with_capacity(md.len() as usize);
+    f.take(md.len()).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// Most bytes of an object file (a library, an executable) heapdump reads whole.
+pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
 /// What became of the process that wrote a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {

@@ -111,8 +111,17 @@ pub fn symbolize(
             continue;
         }
         let virt: Vec<u64> = list.iter().map(|a| a.wrapping_sub(module.base)).collect();
-        let Ok(syms) = symbolizer.symbolize(&Source::Elf(Elf::new(path)), Input::VirtOffset(&virt))
-        else {
+        // DWARF only when blazesym can follow the file's debug link without opening anything
+        // but regular files (see `debug_link_safe`); else its symbol table.
+        let source = if debug_link_safe(path) {
+            Elf::new(path)
+        } else {
+            Elf {
+                debug_syms: false,
+                ..Elf::new(path)
+            }
+        };
+        let Ok(syms) = symbolizer.symbolize(&Source::Elf(source), Input::VirtOffset(&virt)) else {
             continue;
         };
         let elf_only = Elf {
@@ -276,6 +285,63 @@ fn code_loc(c: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32) {
 
 /// Whether the ELF file at `path` carries `expected` as its GNU build ID (true when none was
 /// recorded or the file cannot be read as ELF: blazesym will then decide).
+/// Whether every file blazesym may open to follow `path`'s `.gnu_debuglink` (blazesym 0.2's
+/// `DebugFileIter`: under `/usr/lib/debug` and `/lib/debug` the build ID's file and the
+/// link's name, with and without the object's directory; beside the object, and in its
+/// `.debug`) is absent or a regular file: blazesym opens the first one that exists with a
+/// blocking open, and the profiled program chooses both the link and what lies beside its
+/// own binary (a FIFO there hung `snapshot` for ever). A link naming a path (a `/` in it) is
+/// not followed. Reads only the ELF headers and the link's section.
+fn debug_link_safe(path: &Path) -> bool {
+    use object::{Object as _, ReadCache};
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+    else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let cache = ReadCache::new(f);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return true; // not ELF: blazesym finds no link either
+    };
+    let link = match elf.gnu_debuglink() {
+        Ok(None) => return true,
+        Ok(Some((name, _crc))) => name.to_vec(),
+        Err(_) => return false,
+    };
+    use std::os::unix::ffi::OsStrExt;
+    if link.is_empty() || link.contains(&b'/') {
+        return false;
+    }
+    let linkee = std::ffi::OsStr::from_bytes(&link);
+    let object = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = object.parent().unwrap_or(Path::new("/"));
+    let mut candidates = vec![dir.join(linkee), dir.join(".debug").join(linkee)];
+    let build_id = elf.build_id().ok().flatten().filter(|id| id.len() >= 8);
+    for debug in ["/usr/lib/debug", "/lib/debug"] {
+        let debug = Path::new(debug);
+        candidates.push(debug.join(linkee));
+        candidates.push(
+            debug
+                .join(dir.strip_prefix("/").unwrap_or(dir))
+                .join(linkee),
+        );
+        if let Some(id) = build_id {
+            let rest: String = id[1..].iter().map(|b| format!("{b:02x}")).collect();
+            candidates.push(debug.join(format!(".build-id/{:02x}/{rest}.debug", id[0])));
+        }
+    }
+    candidates.iter().all(|c| match std::fs::metadata(c) {
+        Ok(m) => m.is_file(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    })
+}
+
 fn build_id_matches(path: &Path, expected: &[u8]) -> bool {
     if expected.is_empty() {
         return true;

@@ -653,3 +653,54 @@ fn a_region_whose_name_and_header_disagree_is_refused() {
     assert_eq!(v[0]["status"], "foreign", "{stdout}");
     drop((a, b));
 }
+
+/// The profiled program's binary names its debug file (`.gnu_debuglink`) and lies in a
+/// directory it controls: a FIFO there under that name made `snapshot` (root's, a watch
+/// daemon's) block for ever in blazesym's open. Now the link is followed only when every file
+/// it may lead to is absent or regular; the functions are named from the symbol table.
+#[test]
+fn a_debug_link_to_a_fifo_does_not_hang_the_snapshot() {
+    if !can_run("a_debug_link_to_a_fifo_does_not_hang_the_snapshot") {
+        return;
+    }
+    let dir = region_dir("debuglink-fifo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("known_allocs");
+    std::fs::copy(compile_c("known_allocs", &[]), &exe).unwrap();
+    let debug = dir.join("known_allocs.debug");
+    let objcopy = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("objcopy").args(args).status();
+        assert!(st.is_ok_and(|s| s.success()), "objcopy {args:?}");
+    };
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        exe.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    objcopy(&["--strip-debug".as_ref(), link.as_ref(), exe.as_os_str()]);
+    std::fs::remove_file(&debug).unwrap();
+    let c = std::ffi::CString::new(debug.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let r = start(Command::new(&exe), &dir, true);
+    let out = dir.join("s.pb.gz");
+    let done = Command::new("timeout")
+        .args(["60", heapdump().to_str().unwrap(), "snapshot", "--by-pid"])
+        .arg(r.pid().to_string())
+        .arg("-o")
+        .arg(&out)
+        .env("HEAPDUMP_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "snapshot: {:?} {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let p = decode(&out);
+    // known_allocs: 1000 × 1 KiB from alloc_small, named from the symbol table.
+    assert_eq!(sum_through(&p, "alloc_small")[3], 1000 * 1024);
+    drop(r);
+}

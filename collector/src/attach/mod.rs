@@ -178,8 +178,9 @@ impl Object {
             .with_context(|| format!("{path} is not mapped"))?;
         // The file as the target sees it (its mount namespace).
         let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let data = std::fs::read(&file)
-            .or_else(|_| std::fs::read(path))
+        let read = |p: &Path| crate::regions::read_regular(p, crate::regions::MAX_OBJECT_BYTES);
+        let data = read(&file)
+            .or_else(|_| read(Path::new(path)))
             .with_context(|| format!("reading {path}"))?;
         use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
         let elf = object::File::parse(&*data).with_context(|| format!("parsing {path}"))?;

@@ -129,9 +129,15 @@ impl Unwinder {
             b.truncate(n);
             b
         } else {
-            std::fs::read(format!("/proc/{}/root{path}", self.pid))
-                .or_else(|_| std::fs::read(path))
-                .ok()?
+            let read = |p: &std::path::Path| {
+                crate::regions::read_regular(p, crate::regions::MAX_OBJECT_BYTES)
+            };
+            read(std::path::Path::new(&format!(
+                "/proc/{}/root{path}",
+                self.pid
+            )))
+            .or_else(|_| read(std::path::Path::new(path)))
+            .ok()?
         };
         let elf = object::File::parse(&*data).ok()?;
         let low = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;

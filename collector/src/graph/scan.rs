@@ -1043,7 +1043,9 @@ fn threads(pid: u32) -> Vec<Thread> {
 /// Data symbols of one module: (runtime start, end, name), sorted by start.
 fn data_symbols(m: &Module) -> Vec<(u64, u64, String)> {
     use object::{Object, ObjectSymbol, SymbolKind};
-    let Ok(data) = std::fs::read(&m.path) else {
+    let Ok(data) =
+        crate::regions::read_regular(Path::new(&m.path), crate::regions::MAX_OBJECT_BYTES)
+    else {
         return Vec::new();
     };
     let Ok(file) = object::File::parse(&*data) else {
