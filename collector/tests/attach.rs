@@ -1113,3 +1113,44 @@ fn attach_ignores_stale_return_addresses() {
     assert!(bash.wait().unwrap().success());
     assert_eq!(text, "done\n");
 }
+
+/// A program whose first call of `malloc` comes after the attach (its PLT slot not yet bound:
+/// lazy binding) has those blocks recorded — they were not: the slot bound to glibc's at the
+/// first call — and a child it forks has a region of its own with its blocks (the fork
+/// handlers were not registered: the child went unrecorded, and the parent's region said a
+/// raw clone had stopped recording).
+#[test]
+fn attach_records_first_calls_and_forked_children() {
+    if !can_run("attach_records_first_calls_and_forked_children") {
+        return;
+    }
+    let dir = region_dir("attach-lazy");
+    let exe = compile_c(
+        "attach_lazy",
+        &["-fno-optimize-sibling-calls", "-Wl,-z,lazy"],
+    );
+    let mut r = start(Command::new(&exe), &dir, false);
+    let pid = r.pid();
+    attach(&dir, pid);
+    send(&mut r, "go\n");
+    let child: u32 = r.wait_line("child")[0].parse().unwrap();
+    let parent = decode(&snapshot(&dir, pid, &[]));
+    let lazy = sum_through(&parent, "lazy_blocks");
+    assert_eq!(
+        [lazy[2], lazy[3]],
+        [10, 10_000],
+        "the parent's first mallocs"
+    );
+    let kid = decode(&snapshot(&dir, child, &[]));
+    let lazy = sum_through(&kid, "lazy_blocks");
+    assert_eq!(
+        [lazy[2], lazy[3]],
+        [10, 10_000],
+        "the child's inherited blocks"
+    );
+    let own = sum_through(&kid, "child_blocks");
+    assert_eq!([own[2], own[3]], [90, 90_000], "the child's own blocks");
+    let list = heapdump_cmd(&dir, &["list"]).1;
+    assert!(!list.contains("raw clone"), "{list}");
+    assert_eq!(r.finish(), 0);
+}

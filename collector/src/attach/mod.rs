@@ -81,6 +81,9 @@ const ALLOCATOR: &[&str] = &[
     "fork",
     "__libc_fork",
     "_Fork",
+    // They hold the fork handlers' lock, which the entry takes to register the shim's.
+    "pthread_atfork",
+    "__register_atfork",
     // The loader's entry points in libc: they hold the loader lock (`dl_iterate_phdr` also
     // while its callback runs: an unwinder's, the shim's).
     "dlopen",

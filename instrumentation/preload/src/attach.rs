@@ -129,6 +129,11 @@ fn attach_start(a: &mut AttachArgs) {
     let marker = crate::own_symbol(c"heapdump_live_before_attach").unwrap_or(0) as u64 + 1;
     match core::start(env, marker) {
         Ok(s) => {
+            // Children made by `fork` get regions of their own, as under the preload (without
+            // the handlers a child was taken for one made by a raw clone: not recorded, and
+            // the parent's region flagged). Every other thread is stopped outside `fork` and
+            // `pthread_atfork` (the collector's safe point), so the handler list is free.
+            heapdump_instrumentation::state::register_fork_handlers();
             heapdump_instrumentation::refresh_modules();
             heapdump_instrumentation::python::detect();
             a.blocks = s.blocks;

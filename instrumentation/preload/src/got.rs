@@ -43,7 +43,17 @@ struct Ctx<'a> {
     /// Attached (`heapdump attach`): libc's own slots are rebound too (when preloaded they
     /// are bound to ours already), and every slot changed is kept in [`SAVED`] for the detach.
     attach: bool,
+    /// Per entry of `table` (attached only): the name's first definition in the global scope
+    /// is glibc's, so a slot not yet bound (lazy binding: it still points at its object's PLT)
+    /// would bind to glibc's at its first call — and is rebound to ours now instead. Without
+    /// this, a function the program first called after the attach was never recorded.
+    lazy_to_libc: [bool; MAX_TABLE],
+    /// The load range of the object being rebound (see `callback`).
+    object: (usize, usize),
 }
+
+/// Most entries of a rebinding table.
+const MAX_TABLE: usize = 32;
 
 /// A GOT slot changed at attach: where, what it held, its object's RELRO range.
 #[derive(Debug, Clone, Copy)]
@@ -128,11 +138,26 @@ fn rebind(table: &[Rebind], attach: bool) -> usize {
     let mut info: libc::Dl_info = unsafe_zeroed();
     // SAFETY: dladdr fills `info` for an address inside this library.
     unsafe { libc::dladdr(rebind_all as *const () as *const c_void, &mut info) };
+    let mut lazy_to_libc = [false; MAX_TABLE];
+    if attach {
+        for (ok, rb) in lazy_to_libc.iter_mut().zip(table) {
+            let mut name = [0u8; 64];
+            if rb.name.len() < name.len() {
+                name[..rb.name.len()].copy_from_slice(rb.name);
+                // SAFETY: a NUL-terminated name; RTLD_DEFAULT looks in the global scope.
+                let first =
+                    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const c_char) };
+                *ok = first as usize == rb.libc;
+            }
+        }
+    }
     let mut ctx = Ctx {
         table,
         own_base: info.dli_fbase as usize,
         rebound: 0,
         attach,
+        lazy_to_libc,
+        object: (0, 0),
     };
     // SAFETY: the callback has the right signature and receives our context.
     unsafe { libc::dl_iterate_phdr(Some(callback), &mut ctx as *mut Ctx as *mut c_void) };
@@ -166,8 +191,16 @@ unsafe extern "C" fn callback(
     let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     let mut dynamic = 0usize;
     let mut relro = (0usize, 0usize);
+    ctx.object = (usize::MAX, 0);
     for ph in phdrs {
         match ph.p_type {
+            libc::PT_LOAD => {
+                let lo = base + ph.p_vaddr as usize;
+                ctx.object = (
+                    ctx.object.0.min(lo),
+                    ctx.object.1.max(lo + ph.p_memsz as usize),
+                );
+            }
             libc::PT_DYNAMIC => dynamic = base + ph.p_vaddr as usize,
             libc::PT_GNU_RELRO => {
                 relro = (
@@ -251,12 +284,19 @@ unsafe fn rebind_object(
             let at = (strtab + s.st_name as usize) as *const c_char;
             // SAFETY: st_name is an offset into the NUL-terminated string table.
             let name = unsafe { std::ffi::CStr::from_ptr(at) }.to_bytes();
-            let Some(rb) = ctx.table.iter().find(|rb| rb.name == name) else {
+            let Some(k) = ctx.table.iter().position(|rb| rb.name == name) else {
                 continue;
             };
+            let rb = &ctx.table[k];
             let slot = (base + r.r_offset as usize) as *mut usize;
             // SAFETY: r_offset of a GOT relocation names a mapped, aligned word of the object.
-            if unsafe { slot.read_volatile() } != rb.libc {
+            let old = unsafe { slot.read_volatile() };
+            let lazy = ctx.attach
+                && ty == R_X86_64_JUMP_SLOT
+                && ctx.lazy_to_libc.get(k).copied().unwrap_or(false)
+                && old >= ctx.object.0
+                && old < ctx.object.1;
+            if old != rb.libc && !lazy {
                 continue;
             }
             if ctx.attach {
@@ -267,7 +307,7 @@ unsafe fn rebind_object(
                 }
                 saved.0[n] = Saved {
                     slot: slot as usize,
-                    old: rb.libc,
+                    old,
                     ours: rb.ours,
                     relro,
                 };
