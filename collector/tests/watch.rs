@@ -324,3 +324,50 @@ fn bad_arguments_fail_before_watching() {
         assert!(t.stderr.contains(want), "{args:?}: {}", t.stderr);
     }
 }
+
+/// A watch that keeps nothing — every snapshot failed (here: the region's lock held by
+/// someone else past `--lock-timeout`) — exits 1 and says so, where it exited 0; and no beat
+/// prints a "->" line without a destination.
+#[test]
+fn a_watch_that_kept_nothing_fails() {
+    if !can_run("a_watch_that_kept_nothing_fails") {
+        return;
+    }
+    let dir = region_dir("watch-kept-nothing");
+    let r = hold(&dir, 100, 1000);
+    let pid = r.pid();
+    let (ok, list, err) = heapdump_cmd(&dir, &["list", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let region = (v.as_array().unwrap().iter())
+        .find(|e| e["pid"].as_u64() == Some(pid as u64))
+        .and_then(|e| e["region"].as_str())
+        .unwrap()
+        .to_owned();
+    let f = std::fs::File::open(&region).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let out = dir.join("out");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "watch",
+            "--by-pid",
+            &pid.to_string(),
+            "--every",
+            "1s",
+            "--count",
+            "2",
+            "--lock-timeout",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert!(err.contains("nothing was kept"), "{err}");
+    assert!(!err.lines().any(|l| l.ends_with("-> ")), "{err}");
+    drop(f);
+    drop(r);
+}

@@ -74,7 +74,9 @@ struct Tally {
 ///
 /// Errors (before the first beat only): DIR cannot be created or is not a directory; the
 /// `--by-pid` process is not instrumented; `--tree PID` names no process. Later failures (a
-/// snapshot, a file, a push) are reported on stderr in one line each and the watch goes on.
+/// snapshot, a file, a push) are reported on stderr in one line each and the watch goes on;
+/// at the end, a watch that kept nothing (every snapshot failed or was not written, and
+/// nothing was to be pushed) is an error.
 pub fn watch(w: &WatchProps) -> Result<()> {
     let out = match &w.dir {
         // Opened once, not through a link; every file is written relative to it.
@@ -213,6 +215,14 @@ pub fn watch(w: &WatchProps) -> Result<()> {
         }
     }
     report(&tally, queue.as_ref());
+    // Scripts and service managers read the status: a watch that kept nothing (every beat
+    // failed to snapshot or to write, nothing pushed) failed.
+    if tally.failed > 0 && tally.files == 0 && queue.is_none() {
+        bail!(
+            "nothing was kept: every one of the {} snapshot(s) failed or could not be written",
+            tally.failed
+        );
+    }
     Ok(())
 }
 
@@ -376,7 +386,11 @@ fn round(
             e.file.pid,
             c.meta.blocks,
             c.meta.bytes,
-            dest.join(", ")
+            if dest.is_empty() {
+                "not written (above)".to_owned()
+            } else {
+                dest.join(", ")
+            }
         );
     }
     Ok(false)
