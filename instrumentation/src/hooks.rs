@@ -564,6 +564,9 @@ fn insert(
     }
     RegionWriter::op_end(slot);
     drop(held);
+    if node.is_some() {
+        state::note_allocated(g, t, size);
+    }
     tick(g, t, slot_idx);
 }
 

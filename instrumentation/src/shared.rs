@@ -168,6 +168,9 @@ pub struct Tls {
     /// `pthread_getattr_np` (see [`crate::unwind::inside_getattr`]).
     pub(crate) bounds_pending: Cell<bool>,
     pub(crate) ops: Cell<u32>,
+    /// Bytes this thread allocated since it last refreshed the live-bytes peak (see
+    /// `state::note_allocated`).
+    pub(crate) since_peak: Cell<u64>,
     pub(crate) fresh_next: Cell<u32>,
     pub(crate) fresh_end: Cell<u32>,
     pub(crate) ring: UnsafeCell<[u32; RING]>,
@@ -240,6 +243,7 @@ impl Tls {
             stack_hi: Cell::new(0),
             bounds_pending: Cell::new(false),
             ops: Cell::new(0),
+            since_peak: Cell::new(0),
             fresh_next: Cell::new(0),
             fresh_end: Cell::new(0),
             ring: UnsafeCell::new([0; RING]),

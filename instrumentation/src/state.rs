@@ -430,6 +430,24 @@ fn is_node_name(name: &[u8]) -> bool {
             .is_some_and(|v| v.iter().all(u8::is_ascii_digit))
 }
 
+/// Bytes a thread allocates between two refreshes of the live-bytes peak at most (besides
+/// every 1024th operation, [`tick`]): a burst of a few large blocks freed again before the
+/// 1024th operation was missed by the peak (10 blocks of 1 MB: a peak of 4 KiB).
+const PEAK_EVERY_BYTES: u64 = 1 << 20;
+
+/// Notes `size` bytes allocated by this thread (recorded): the live-bytes peak is refreshed
+/// once a thread has allocated [`PEAK_EVERY_BYTES`] since its last refresh.
+#[inline(always)]
+pub fn note_allocated(g: &Global, t: &Tls, size: u64) {
+    let since = t.since_peak.get().wrapping_add(size);
+    if since >= PEAK_EVERY_BYTES {
+        t.since_peak.set(0);
+        g.writer.update_peak();
+    } else {
+        t.since_peak.set(since);
+    }
+}
+
 /// Counts an operation; every 1024th refreshes the peak and the thread name.
 #[inline]
 pub fn tick(g: &Global, t: &Tls, slot: u32) {
