@@ -514,6 +514,33 @@ fn malloc_usable_size_stays_glibcs_beside_another_allocator() {
     let p = decode(&snapshot(&dir, r.pid(), &[]));
     let kept = sum_through(&p, "keep_blocks");
     assert_eq!([kept[2], kept[3]], [10, 1000]);
+    // jemalloc defines C++'s operator new too: its allocations are not recorded, and the
+    // region says so.
+    let warned = |pid: u32, what: &str| {
+        let list = list_json(&dir);
+        let mine = (list.iter())
+            .find(|e| e["pid"].as_u64() == Some(pid as u64))
+            .unwrap()
+            .to_string();
+        assert!(mine.contains(what), "{mine}");
+    };
+    warned(
+        r.pid(),
+        "C++ operator new is another allocator's, from libjemalloc.so.2",
+    );
+    assert_eq!(r.finish(), 0);
+    // jemalloc ahead of the shim: malloc is jemalloc's, nothing is recorded, and the region
+    // says why instead of looking like a program that allocates nothing.
+    let mut cmd = Command::new(&exe);
+    cmd.env(
+        "LD_PRELOAD",
+        format!("{}:{}", jemalloc.display(), shim().display()),
+    );
+    let r = start(cmd, &dir, false);
+    warned(
+        r.pid(),
+        "malloc is another allocator's, from libjemalloc.so.2",
+    );
     assert_eq!(r.finish(), 0);
 }
 

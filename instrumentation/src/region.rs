@@ -84,6 +84,80 @@ impl Settings {
 /// Reads `/proc/self/environ` and returns the settings. Invalid values are ignored (the
 /// default stays) with a warning in [`Settings::warnings`]; values out of range are clamped,
 /// with a warning.
+/// Warns (in the region's warnings) when, in a process the shim is preloaded into
+/// (`LD_PRELOAD` names libheapdump), the program's `malloc` or C++ `operator new` is neither
+/// the shim's nor the system's: another allocator (jemalloc, tcmalloc, mimalloc) preloaded
+/// ahead of the shim, or one that defines `operator new` linked in, takes those allocations,
+/// which are then not recorded — a profile that looks plausible but is empty or partial.
+fn note_other_allocators(s: &mut Settings) {
+    fn zeroed() -> libc::Dl_info {
+        // SAFETY: all-zero is a valid Dl_info (null pointers).
+        unsafe { std::mem::zeroed() }
+    }
+    let mut info = zeroed();
+    // SAFETY: dladdr only looks an address of this object up.
+    unsafe {
+        libc::dladdr(
+            note_other_allocators as *const () as *const libc::c_void,
+            &mut info,
+        )
+    };
+    let own_base = info.dli_fbase as usize;
+    let mut note = |what: &[u8], name: &std::ffi::CStr, expected: &[&[u8]]| {
+        // SAFETY: a NUL-terminated name; RTLD_DEFAULT looks in the global scope.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        let mut info = zeroed();
+        let mut sym: *const libc::Elf64_Sym = std::ptr::null();
+        // SAFETY: dladdr1 only looks the address up; RTLD_DL_SYMENT (1) stores a pointer to
+        // the symbol's table entry in `sym`.
+        let found = !f.is_null()
+            && unsafe {
+                libc::dladdr1(
+                    f,
+                    &mut info,
+                    &mut sym as *mut *const libc::Elf64_Sym as *mut *mut libc::c_void,
+                    1,
+                )
+            } != 0;
+        if !found || info.dli_fname.is_null() {
+            return false;
+        }
+        // An executable's PLT entry standing for the function (non-PIC code taking its
+        // address: node) is not a definition: calls still reach the shim.
+        // SAFETY: dladdr1 set `sym` to the loader's symbol table entry, or left it null.
+        if sym.is_null() || unsafe { (*sym).st_shndx } == 0 {
+            return false;
+        }
+        if info.dli_fbase as usize == own_base {
+            return false;
+        }
+        // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+        let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+        let file = path.rsplit(|b| *b == b'/').next().unwrap_or(path);
+        if expected.iter().any(|e| file.starts_with(e)) {
+            return false;
+        }
+        s.warn(&[
+            what,
+            &file[..file.len().min(80)],
+            b": those allocations are not recorded (preload libheapdump.so first, or profile \
+              with that allocator's own tools)",
+        ]);
+        true
+    };
+    if !note(
+        b"malloc is another allocator's, from ",
+        c"malloc",
+        &[b"libc.so"],
+    ) {
+        note(
+            b"C++ operator new is another allocator's, from ",
+            c"_Znwm",
+            &[b"libstdc++.so", b"libc++.so", b"libc++abi.so"],
+        );
+    }
+}
+
 pub fn settings() -> Settings {
     const ENV_MAX: usize = 1 << 20;
     let mut s = Settings {
@@ -121,6 +195,13 @@ pub fn settings() -> Settings {
         }
         None => read_file(b"/proc/self/environ\0", env),
     };
+    let preloaded = env[..n].split(|b| *b == 0).any(|v| {
+        v.starts_with(b"LD_PRELOAD=")
+            && v.windows(b"libheapdump".len()).any(|w| w == b"libheapdump")
+    });
+    if preloaded {
+        note_other_allocators(&mut s);
+    }
     for var in env[..n].split(|b| *b == 0) {
         let Some(eq) = var.iter().position(|b| *b == b'=') else {
             continue;
