@@ -451,6 +451,55 @@ fn retained_sizes_exact_and_as_devtools_computes_them() {
     assert_eq!(summary["make_payload"]["self"].as_u64(), Some(3_072_000));
 }
 
+/// A leaked block's stale pointer into a block a global owns takes nothing from the owner:
+/// `g_owner` and `make_owner` retain the 100,000 B block they alone keep alive (they retained
+/// 16 B: the leak, hung off the super-root, counted as a second way to it), and DevTools,
+/// loading the `.heapsnapshot` (the leak's pointer exported as a `weak` edge), computes the
+/// same.
+#[test]
+fn a_leak_pointing_into_owned_blocks_takes_nothing_from_the_owner() {
+    let exe = compile_c("leak_points_in", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("leak-points-in");
+    let r = start(Command::new(&exe), &dir, true);
+    let pid = r.pid().to_string();
+    let (ok, json, err) = heapdump_cmd(&dir, &["top", "--retained", "--by-pid", &pid, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let root = (v["roots"].as_array().unwrap().iter())
+        .find(|x| x["root"] == "g_owner (leak_points_in)")
+        .unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(root["retained"].as_u64(), Some(100_016), "{json}");
+    let owner = (v["sites"].as_array().unwrap().iter())
+        .find(|x| x["site"] == "make_owner")
+        .unwrap();
+    assert_eq!(owner["retained"].as_u64(), Some(100_016), "{json}");
+    let (ok, leaks, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &pid]);
+    assert!(ok, "{err}");
+    assert!(
+        leaks.contains("64 byte(s) leaked in 1 allocation(s)"),
+        "{leaks}"
+    );
+    let snap = dir.with_extension("heapsnapshot");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["graph", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(r.finish(), 0);
+    let Some(dt) = devtools_view(&snap) else {
+        skip_note("skipped: the DevTools cross-check (node is not installed)");
+        return;
+    };
+    let retained: Vec<u64> = (dt["retained"].as_array().unwrap().iter())
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        retained.iter().filter(|&&x| x == 100_016).count(),
+        2,
+        "g_owner and its block: {retained:?}"
+    );
+}
+
 /// `--stop`: the same exact report with the program frozen (its registers are roots too),
 /// the pause reported; the program resumes afterwards — also when heapdump is killed while
 /// it holds the program stopped.

@@ -19,7 +19,10 @@
 //! 1. An unreachable block that no other block points to (self-pointers do not count) — the
 //!    head of a leaked structure, LeakSanitizer's "direct" leak with no referrer — gets a
 //!    virtual edge `S → block`; everything reachable from it is then dominated as usual, so the
-//!    head of a leaked list retains the whole list.
+//!    head of a leaked list retains the whole list. Its pointers into blocks the roots reach
+//!    are not edges: a leak keeps nothing alive, and a stale pointer in a leaked block must
+//!    not take a block's retained size from its real owner. ([`super::heapsnapshot`] exports
+//!    them as `weak` edges, which DevTools leaves out of dominance likewise.)
 //! 2. The blocks still unvisited after that are those reachable only through unreachable
 //!    *cycles* (a leaked doubly linked list, two blocks pointing to each other). Each one is
 //!    dominated by `S` directly, retains only its own size, and its outgoing pointers are
@@ -219,6 +222,10 @@ pub fn dominators(g: &Graph) -> Dominators {
     dfs.parent.push(0);
     dfs.cursor.push(0);
     dfs.run(&f, s, 0);
+    // Numbers up to here: the nodes the roots reach. A pointer from a block numbered later (a
+    // leak's) into one of them keeps nothing alive: it is not an edge of the flow graph (see
+    // the module documentation), so the leak takes no retained size from the real owner.
+    let reached = dfs.vertex.len() - 1;
     if dfs.vertex.len() - 1 < total {
         let mut referred = vec![0u64; n.div_ceil(64)];
         for b in 0..n as u32 {
@@ -256,6 +263,7 @@ pub fn dominators(g: &Graph) -> Dominators {
         dfnum: &[u32],
         vertex: &[u32],
         parent: &[u32],
+        reached: usize,
         mut e: impl FnMut(usize, u32),
     ) {
         const AHEAD: usize = 16;
@@ -274,8 +282,9 @@ pub fn dominators(g: &Graph) -> Dominators {
                     prefetch(dfnum, ahead);
                 }
                 let w = g.targets[j];
-                if w != v {
-                    e(dfnum[w as usize] as usize, nv);
+                let nw = dfnum[w as usize] as usize;
+                if w != v && !(nv as usize > reached && nw != 0 && nw <= reached) {
+                    e(nw, nv);
                 }
             }
         }
@@ -298,7 +307,7 @@ pub fn dominators(g: &Graph) -> Dominators {
         }
     }
     let mut pstart = vec![0u32; k + 2];
-    for_each_edge(&f, &dfnum, &vertex, &parent, |w, _| {
+    for_each_edge(&f, &dfnum, &vertex, &parent, reached, |w, _| {
         pstart[w + 1] = pstart[w + 1]
             .checked_add(1)
             .expect("graph too large: more than 2^32 edges");
@@ -309,7 +318,7 @@ pub fn dominators(g: &Graph) -> Dominators {
             .expect("graph too large: more than 2^32 edges");
     }
     let mut preds = vec![0u32; pstart[k + 1] as usize];
-    for_each_edge(&f, &dfnum, &vertex, &parent, |w, p| {
+    for_each_edge(&f, &dfnum, &vertex, &parent, reached, |w, p| {
         preds[pstart[w] as usize] = p;
         pstart[w] += 1;
     });
@@ -659,6 +668,13 @@ pub(crate) mod tests {
             seen
         };
         let live = reach(&adj);
+        // A leaked block's pointers into live blocks are not edges (a leak keeps nothing
+        // alive).
+        for b in 0..n {
+            if !live[b] {
+                adj[b].retain(|&t| !live[t as usize]);
+            }
+        }
         let referred: Vec<bool> = (0..n)
             .map(|b| (0..n + m).any(|v| adj[v].contains(&(b as u32))))
             .collect();

@@ -6,7 +6,7 @@
 //!
 //! Nodes, in this order (a node's *ordinal* is its position; `to_node` is ordinal × 5):
 //!
-//! | ordinal | type | name | id | self_size | edges (all of type `element`) |
+//! | ordinal | type | name | id | self_size | edges (of type `element`; `weak` from a leaked block into a reachable one) |
 //! |---|---|---|---|---|---|
 //! | 0 | `synthetic` | `(heapdump roots)` | 1 | 0 | to each group node, index 0, 1, … |
 //! | 1 ..= G | `synthetic` | one per [`RootKind`] present, in declaration order: `(globals)`, `(thread stacks)`, `(self-managed mappings)` | 3, 5, … | 0 | to each root of that kind |
@@ -73,6 +73,10 @@ const EDGE_TYPES: [&str; 7] = [
     "context", "element", "property", "internal", "hidden", "shortcut", "weak",
 ];
 const ELEMENT: u64 = 1;
+/// Edge type `weak` (index into [`EDGE_TYPES`]).
+const WEAK: u64 = 6;
+/// The name of a `weak` edge (its field is a string, not an index).
+const WEAK_NAME: &str = "(from a leaked block: keeps nothing alive)";
 
 /// Where each part of a [`Graph`] lands in the written snapshot (node ordinals; multiply by
 /// [`NODE_FIELDS`] for DevTools' node index).
@@ -351,9 +355,20 @@ pub fn write(
             o.record(&[ELEMENT, i as u64, (first_block + t as u64) * f])?;
         }
     }
+    // A leaked block's pointers into blocks the roots reach are `weak`: DevTools leaves them
+    // out of dominance as `dominators` does (a leak keeps nothing alive).
+    let reachable = g.reachable();
+    let reached = |b: u32| reachable[b as usize / 64] & (1 << (b % 64)) != 0;
+    let mut weak_name = None;
     for b in 0..g.blocks.len() as u32 {
+        let leaked = !reached(b);
         for (i, &t) in g.edges(b).iter().enumerate() {
-            o.record(&[ELEMENT, i as u64, (first_block + t as u64) * f])?;
+            if leaked && reached(t) {
+                let name = *weak_name.get_or_insert_with(|| strings.intern(WEAK_NAME));
+                o.record(&[WEAK, name, (first_block + t as u64) * f])?;
+            } else {
+                o.record(&[ELEMENT, i as u64, (first_block + t as u64) * f])?;
+            }
         }
     }
 
@@ -626,7 +641,11 @@ mod tests {
         }
         while let Some(b) = todo.pop() {
             if !std::mem::replace(&mut live[b as usize], true) {
-                todo.extend_from_slice(g.edges(b));
+                // A leaked block's pointers into blocks the roots reach keep nothing alive.
+                let leaked = !seen_from_roots[b as usize];
+                todo.extend(
+                    (g.edges(b).iter()).filter(|&&t| !(leaked && seen_from_roots[t as usize])),
+                );
             }
         }
         live

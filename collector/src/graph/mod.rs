@@ -77,6 +77,31 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Per block (a bit set: block `b` is bit `b % 64` of word `b / 64`), whether a chain of
+    /// pointers from a root reaches it.
+    pub fn reachable(&self) -> Vec<u64> {
+        let n = self.blocks.len();
+        let mut seen = vec![0u64; n.div_ceil(64)];
+        let mut stack: Vec<u32> = Vec::new();
+        let visit = |b: u32, seen: &mut [u64], stack: &mut Vec<u32>| {
+            if (b as usize) < n && seen[b as usize / 64] & (1 << (b % 64)) == 0 {
+                seen[b as usize / 64] |= 1 << (b % 64);
+                stack.push(b);
+            }
+        };
+        for r in &self.roots {
+            for &t in &r.targets {
+                visit(t, &mut seen, &mut stack);
+            }
+        }
+        while let Some(b) = stack.pop() {
+            for &t in self.edges(b) {
+                visit(t, &mut seen, &mut stack);
+            }
+        }
+        seen
+    }
+
     /// The blocks block `i` points to.
     pub fn edges(&self, i: u32) -> &[u32] {
         let (a, b) = (
