@@ -168,6 +168,40 @@ fn table_made_smaller_for_space_reports_the_file_system_when_full() {
     assert!(says("recording_stopped", "file system is full"), "{e}");
 }
 
+/// A process whose region's file system was full from the start recorded nothing and dropped
+/// everything: `list` shows it with its drops and the reason (it was left out as a region
+/// that "allocated nothing").
+#[test]
+fn list_shows_a_process_that_dropped_everything() {
+    let Some(fs) = Tmpfs::mount("fullstart", "1200k") else {
+        skip_note(
+            "skipped: list_shows_a_process_that_dropped_everything needs root (to mount a tmpfs)",
+        );
+        return;
+    };
+    std::fs::write(fs.path().join("fill"), vec![0u8; 1000 << 10]).unwrap();
+    let mut cmd = hold_many(1000, fs.path());
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let json = list_json(fs.path());
+    let e = (json.iter())
+        .find(|e| e["pid"].as_u64() == Some(pid as u64))
+        .unwrap_or_else(|| panic!("no region: {json:?}"));
+    assert!(e["dropped_blocks"].as_u64().unwrap() > 0, "{e}");
+    let (ok, list, err) = heapdump_cmd(fs.path(), &["list"]);
+    assert!(ok, "{err}");
+    assert!(
+        list.lines()
+            .any(|l| l.trim_start().starts_with(&pid.to_string())),
+        "{list}"
+    );
+    assert!(
+        list.contains("recording stopped: the region's file system is full"),
+        "{list}"
+    );
+}
+
 /// Under an address-space limit (`ulimit -v`, RLIMIT_AS of 3.5 GB) a program that can
 /// allocate 1 GiB without heapdump can with it: the region takes at most an eighth of the
 /// limit (before, its 2.8 GiB reservation made that `malloc` fail), records the block and its

@@ -72,10 +72,16 @@ pub fn run(a: Options) -> Result<()> {
     // A kept region of a process that exited without allocating anything (a wrapper's
     // helper: `HEAPDUMP_KEEP=1` behind a script) has nothing to show: left out of the table,
     // counted under it. `--json` lists every region.
+    // One that dropped what it could not record (a full file system) or whose recording
+    // stopped is shown: it did allocate.
     let empty = |e: &&regions::Entry| {
         e.foreign.is_none()
             && e.liveness != regions::Liveness::Alive
-            && e.info.as_ref().is_some_and(|i| i.counters.allocs == 0)
+            && e.info.as_ref().is_some_and(|i| {
+                i.counters.allocs == 0
+                    && i.counters.dropped_blocks == 0
+                    && i.stop_reasons().is_empty()
+            })
     };
     let left_out = entries.iter().filter(empty).count();
     for e in entries.iter().filter(|e| !empty(e)) {
