@@ -432,6 +432,20 @@ pub fn table_full(w: &RegionWriter) {
 }
 
 /// Creates the region for this process; `None` (after a one-line warning) when it cannot.
+/// Notes in the region's warnings that its tables were made smaller (`why`: the limit or
+/// the file system that asked for it) and to what.
+fn warn_reduced(settings: &mut Settings, why: &[u8], caps: &Capacities) {
+    let mut num = [0u8; 20];
+    let mut num2 = [0u8; 20];
+    settings.warn(&[
+        why,
+        b": allocations table reduced to ",
+        crate::sys::fmt_u64(caps.nodes, &mut num),
+        b" records, stack traces to ",
+        crate::sys::fmt_u64(caps.stacks, &mut num2),
+    ]);
+}
+
 pub fn create(settings: &Settings) -> Option<Created> {
     let mut settings = *settings;
     let mut dir = settings.dir;
@@ -484,14 +498,11 @@ pub fn create(settings: &Settings) -> Option<Created> {
             halve(&mut caps);
         }
         if caps != settings.caps {
-            let mut num = [0u8; 20];
-            let mut num2 = [0u8; 20];
-            settings.warn(&[
-                b"the address-space limit (RLIMIT_AS, ulimit -v) is low: allocations table reduced to ",
-                crate::sys::fmt_u64(caps.nodes, &mut num),
-                b" records, stack traces to ",
-                crate::sys::fmt_u64(caps.stacks, &mut num2),
-            ]);
+            warn_reduced(
+                &mut settings,
+                b"the address-space limit (RLIMIT_AS, ulimit -v) is low",
+                &caps,
+            );
         }
     }
     // Nor more than the file-size limit (`ulimit -f`, RLIMIT_FSIZE): sizing the file past it
@@ -509,14 +520,11 @@ pub fn create(settings: &Settings) -> Option<Created> {
             return None;
         }
         if caps != before {
-            let mut num = [0u8; 20];
-            let mut num2 = [0u8; 20];
-            settings.warn(&[
-                b"the file-size limit (RLIMIT_FSIZE, ulimit -f) is low: allocations table reduced to ",
-                crate::sys::fmt_u64(caps.nodes, &mut num),
-                b" records, stack traces to ",
-                crate::sys::fmt_u64(caps.stacks, &mut num2),
-            ]);
+            warn_reduced(
+                &mut settings,
+                b"the file-size limit (RLIMIT_FSIZE, ulimit -f) is low",
+                &caps,
+            );
         }
     }
     let for_limit = caps;
@@ -532,14 +540,11 @@ pub fn create(settings: &Settings) -> Option<Created> {
         }
         REDUCED_FOR_SPACE.store(caps != for_limit, Ordering::Relaxed);
         if caps != for_limit {
-            let mut num = [0u8; 20];
-            let mut num2 = [0u8; 20];
-            settings.warn(&[
-                b"the region's file system has little free space: allocations table reduced to ",
-                crate::sys::fmt_u64(caps.nodes, &mut num),
-                b" records, stack traces to ",
-                crate::sys::fmt_u64(caps.stacks, &mut num2),
-            ]);
+            warn_reduced(
+                &mut settings,
+                b"the region's file system has little free space",
+                &caps,
+            );
         }
     }
     let size = plan(&caps).1;
