@@ -64,6 +64,9 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
                     "heapdump: pid {} ({name}): {} live blocks, {} bytes",
                     e.file.pid, c.meta.blocks, c.meta.bytes
                 );
+                for line in regions::incomplete_lines(&c.info) {
+                    eprintln!("heapdump: pid {} ({name}): warning: {line}", e.file.pid);
+                }
                 blocks = c.meta.blocks.saturating_add(blocks);
                 bytes = c.meta.bytes.saturating_add(bytes);
                 taken.push((e.file.pid, name, c));

@@ -914,6 +914,29 @@ pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// What a profile of this region misses, one line each, for stderr: allocations and stack
+/// traces the shim dropped (its counters), why recording stopped, and the shim's warnings
+/// (another allocator's `malloc`, tables made smaller). The same lines are in the profile's
+/// comments, but a user reading only the terminal would otherwise take a partial profile for
+/// the whole heap. Empty when the recording is complete. Escaped ([`shown`]).
+pub fn incomplete_lines(info: &RegionInfo) -> Vec<String> {
+    let k = &info.counters;
+    let mut v = Vec::new();
+    if k.dropped_blocks > 0 || k.dropped_stacks > 0 {
+        v.push(format!(
+            "the recording is incomplete: {} allocations were not recorded and {} stack traces              were dropped (missing from this profile; `heapdump list` shows the counts)",
+            k.dropped_blocks, k.dropped_stacks
+        ));
+    }
+    v.extend(
+        info.stop_reasons()
+            .iter()
+            .map(|r| format!("recording stopped: {r}")),
+    );
+    v.extend(info.warnings.iter().map(|w| format!("shim: {}", shown(w))));
+    v
+}
+
 /// [`command_name`] for a message or a table: control characters escaped ([`shown`]).
 pub fn command_label(info: &RegionInfo) -> String {
     shown(&command_name(info)).into_owned()

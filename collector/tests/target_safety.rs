@@ -200,6 +200,33 @@ fn list_shows_a_process_that_dropped_everything() {
         list.contains("recording stopped: the region's file system is full"),
         "{list}"
     );
+    // A snapshot says so on stderr too, not only in the profile's comments.
+    // The output beside, not on the full file system.
+    let out_dir = region_dir("dropped-everything-out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join("s.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        fs.path(),
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid.to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let dropped = e["dropped_blocks"].as_u64().unwrap();
+    assert!(
+        err.contains(&format!(
+            "warning: the recording is incomplete: {dropped} allocations were not recorded"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: recording stopped: the region's file system is full"),
+        "{err}"
+    );
 }
 
 /// Under an address-space limit (`ulimit -v`, RLIMIT_AS of 3.5 GB) a program that can
@@ -241,6 +268,18 @@ fn an_address_space_limit_leaves_the_program_its_memory() {
             .contains("address-space limit (RLIMIT_AS")),
         "{e}"
     );
+    let pid = e["pid"].as_u64().unwrap().to_string();
+    let out = dir.join("s.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", out.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: shim: ") && err.contains("address-space limit (RLIMIT_AS"),
+        "{err}"
+    );
+    assert!(!err.contains("the recording is incomplete"), "{err}");
 }
 
 /// A6: the allocation functions at their edges (odd alignments, huge sizes, errno around

@@ -190,5 +190,8 @@ pub fn run(p: SnapshotProps) -> Result<()> {
         c.meta.bytes,
         dest.join(", ")
     );
+    for line in regions::incomplete_lines(&c.info) {
+        eprintln!("heapdump: warning: {line}");
+    }
     Ok(())
 }
