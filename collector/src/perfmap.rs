@@ -71,6 +71,11 @@ impl JitSymbols {
         self.ranges.len()
     }
 
+    /// Whether any range's name starts with `prefix` (a cheap test before a lookup per frame).
+    pub fn any_name_starts_with(&self, prefix: &str) -> bool {
+        self.names.iter().any(|n| n.starts_with(prefix))
+    }
+
     /// The raw name of the range holding `addr`.
     pub fn name(&self, addr: u64) -> Option<&str> {
         let (_, &(end, name)) = self.ranges.range(..=addr).next_back()?;

@@ -9,6 +9,7 @@
 use crate::snapshot::Collected;
 use crate::symbolize::Resolved;
 use heapdump_proto as pb;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::HashMap;
 
 /// Regex (pprof `drop_frames`) matching the shim's own frames; the collector also strips them
@@ -159,14 +160,14 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     p.drop_frames = s.id(DROP_FRAMES);
 
     // Addresses to resolve: call sites (return address - 1).
-    let mut addrs: Vec<u64> = c
-        .stacks
-        .values()
-        .flatten()
+    // Deduplicated through a set first: the stacks of a CPython process hold millions of
+    // frames but a few tens of thousands of distinct addresses.
+    let mut addrs: Vec<u64> = (c.stacks.values().flatten())
         .map(|pc| pc.wrapping_sub(1))
+        .collect::<FxHashSet<u64>>()
+        .into_iter()
         .collect();
     addrs.sort_unstable();
-    addrs.dedup();
     let resolved: HashMap<u64, Resolved> =
         crate::python::resolve(&c.modules, &c.jit, &c.python, &addrs, opts.symbolize);
 
@@ -203,7 +204,7 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     }
 
     // Locations and functions.
-    let mut loc_id: HashMap<u64, u64> = HashMap::new();
+    let mut loc_id: FxHashMap<u64, u64> = FxHashMap::default();
     let mut fn_id: HashMap<(String, String), u64> = HashMap::new();
     for &a in &addrs {
         let r = &resolved[&a];
@@ -260,12 +261,12 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         let Some(frames) = c.stacks.get(&stack) else {
             return Vec::new();
         };
-        let addrs: Vec<u64> = frames.iter().map(|pc| pc.wrapping_sub(1)).collect();
-        let skip = addrs
-            .iter()
-            .take_while(|a| is_shim_frame(&resolved[a], &c.modules))
+        let skip = (frames.iter())
+            .take_while(|pc| is_shim_frame(&resolved[&pc.wrapping_sub(1)], &c.modules))
             .count();
-        addrs[skip..].iter().map(|a| loc_id[a]).collect()
+        (frames[skip..].iter())
+            .map(|pc| loc_id[&pc.wrapping_sub(1)])
+            .collect()
     };
     let thread_names: HashMap<u32, &str> =
         c.threads.iter().map(|t| (t.tid, t.name.as_str())).collect();

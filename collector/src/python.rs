@@ -16,7 +16,7 @@ use vmo_layout::{Module, PythonCode, Region};
 
 /// The Python code records a set of stacks names, by record index.
 #[derive(Debug, Clone, Default)]
-pub struct Codes(pub HashMap<u64, PythonCode>);
+pub struct Codes(pub rustc_hash::FxHashMap<u64, PythonCode>);
 
 /// The record index of a Python frame word, `None` for a return address.
 pub fn record_of(frame: u64) -> Option<u64> {
@@ -26,7 +26,7 @@ pub fn record_of(frame: u64) -> Option<u64> {
 impl Codes {
     /// Reads the code records that the Python frames of `stacks` name.
     pub fn read<'s>(region: &Region<'_>, stacks: impl Iterator<Item = &'s Vec<u64>>) -> Self {
-        let mut out = HashMap::new();
+        let mut out = rustc_hash::FxHashMap::default();
         if !region.has_python_frames() {
             return Codes(out);
         }
@@ -92,6 +92,11 @@ pub fn drop_perf_trampolines(
             && symbolize::module_of(modules, a).is_none()
             && jit.name(a).is_some_and(|n| n.starts_with("py::"))
     };
+    // Without a perf map naming Python trampolines (CPython's `-X perf`) there is nothing to
+    // drop: no lookup per frame (a CPython process's stacks run to a hundred frames).
+    if !jit.any_name_starts_with("py::") {
+        return;
+    }
     for frames in stacks.values_mut() {
         if has_python(frames) {
             frames.retain(|&f| !trampoline(f));

@@ -330,8 +330,9 @@ fn unnamed_code_warning(
     exe_path: &str,
 ) -> Option<String> {
     use vmo_layout::v1::{PYTHON_EVAL_FRAME, PYTHON_FRAME};
-    let mut nameless: HashMap<u64, bool> = HashMap::new();
-    let mut stack_nameless: HashMap<u32, bool> = HashMap::new();
+    // Looked up for every frame of every stack (a CPython process: millions): a fast hash.
+    let mut nameless: rustc_hash::FxHashMap<u64, bool> = Default::default();
+    let mut stack_nameless: rustc_hash::FxHashMap<u32, bool> = Default::default();
     let (mut all, mut under) = (0f64, 0f64);
     for (&(stack, _, _), &(_, bytes)) in inuse {
         all += bytes;
