@@ -227,11 +227,19 @@ fn fork_child_has_own_region_with_inherited_blocks() {
         "inherited, minus 10 freed"
     );
     assert_eq!(c.sum_with("child_alloc")[2..], [50, 50 * 8192]);
+    // The child's alloc_* count from what it inherited, as its counters do
+    // (`allocations` = 100 inherited + 50): not the parent's 120 (20 freed before the fork).
+    assert_eq!(
+        c.sum_with("parent_alloc")[..2],
+        [100, 100 * 4096],
+        "the child's alloc_* of inherited blocks"
+    );
+    assert_eq!(c.sum_with("child_alloc")[..2], [50, 50 * 8192]);
     let p = pprof_raw(&snapshot(&dir, parent, &[]));
     assert_eq!(
-        p.sum_with("parent_alloc")[2..],
-        [100, 100 * 4096],
-        "child's frees not in parent"
+        p.sum_with("parent_alloc"),
+        [120, 120 * 4096, 100, 100 * 4096],
+        "the parent's history; the child's frees not in parent"
     );
     assert_eq!(
         p.sum_with("child_alloc"),

@@ -1,4 +1,4 @@
-// forker: the parent allocates 100 x 4 KiB in parent_alloc, then forks. The child allocates
+// forker: the parent allocates 120 x 4 KiB in parent_alloc and frees 20 of them, then forks. The child allocates
 // 50 x 8 KiB in child_alloc and frees 10 of the inherited blocks; both print
 // "ready PID" (child first, then parent after the child is ready) and wait for stdin to close.
 #include <stdio.h>
@@ -8,9 +8,12 @@
 #include <unistd.h>
 
 static void *inherited[100], *own[50];
+static void *volatile before[20];
 
 __attribute__((noinline)) void parent_alloc(void) {
+    for (int i = 0; i < 20; i++) before[i] = malloc(4096);
     for (int i = 0; i < 100; i++) inherited[i] = malloc(4096);
+    for (int i = 0; i < 20; i++) free(before[i]);
 }
 
 __attribute__((noinline)) void child_alloc(void) {

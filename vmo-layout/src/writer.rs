@@ -594,7 +594,6 @@ impl RegionWriter {
         // written (`None` when this region's file system cannot hold the copy).
         let limit = |kind: u32, n: u64| n.min(parent.backed_len(kind)).min(self.capacity(kind));
         let cursor = limit(section::ALLOCATIONS, ph.node_cursor.load(Ordering::Acquire));
-        let cap = self.capacity(section::STACK_ENTRIES);
         let stacks = limit(
             section::STACK_ENTRIES,
             ph.stack_count.load(Ordering::Acquire),
@@ -634,6 +633,15 @@ impl RegionWriter {
             };
         };
         let (mut blocks, mut bytes) = (0u64, 0u64);
+        // The child's per-stack allocation counts start from the blocks it inherits, as its
+        // counters do (`allocations` = those blocks + what it allocates): not the parent's
+        // history, which would make one profile say two things (`alloc_objects` far above the
+        // `allocations` counter). Counted in stripe 0 for stacks the copy below covers.
+        let count_inherited = |stack: u32, size: u64| {
+            if (stack as u64) < stacks {
+                self.count_alloc(stack, 0, size);
+            }
+        };
         if (scratch.len() as u64) * 64 >= cursor {
             let bits = &mut scratch[..cursor.div_ceil(64) as usize];
             bits.fill(0);
@@ -653,8 +661,10 @@ impl RegionWriter {
                 if indexed && ta != TIME_NONE && tf >= fork_time {
                     // Live at the fork (freed by the parent since, maybe).
                     n.t_free.store(TIME_NONE, Ordering::Relaxed);
+                    let size = n.size.load(Ordering::Relaxed);
                     blocks += 1;
-                    bytes += n.size.load(Ordering::Relaxed);
+                    bytes += size;
+                    count_inherited(n.stack.load(Ordering::Relaxed), size);
                 } else if ta == TIME_NONE || (!indexed && tf >= fork_time) {
                     // Being rewritten by the parent, or live in the parent only (allocated or
                     // freed around the fork by a thread the child does not have).
@@ -673,6 +683,7 @@ impl RegionWriter {
                         self.publish_node(i, addr, size, stack, tid, t_alloc);
                         blocks += 1;
                         bytes += size;
+                        count_inherited(stack, size);
                     }
                 }
             }
@@ -680,9 +691,6 @@ impl RegionWriter {
         h.node_cursor.store(cursor, Ordering::Relaxed);
         copy(section::STACK_ENTRIES, 0, stacks);
         copy(section::STACK_FRAMES, 0, frames);
-        for stripe in 0..STRIPES as u64 {
-            copy(section::STACK_COUNTERS, stripe * cap, stacks);
-        }
         h.stack_count.store(stacks, Ordering::Relaxed);
         h.frame_cursor.store(frames, Ordering::Relaxed);
         h.dropped_stacks
