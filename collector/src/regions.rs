@@ -762,9 +762,10 @@ pub fn liveness(info: &RegionInfo, f: &RegionFile, newer_same_process: bool) -> 
             return Liveness::Exited;
         }
     }
-    // Marked as gone while the same process still runs the same image, with no newer region:
-    // `heapdump detach` marks it so (an exit does too, a moment before the process is gone).
-    if info.state == vmo_layout::v1::STATE_EXITED {
+    // `heapdump detach` marks the region so; the process runs on unrecorded. (An exit with
+    // `HEAPDUMP_KEEP=1` marks it `STATE_EXITED` while exit handlers registered before the
+    // shim's still run, recorded: the process is alive, its region current.)
+    if info.state == vmo_layout::v1::STATE_DETACHED {
         return Liveness::Detached;
     }
     Liveness::Alive
@@ -1012,6 +1013,22 @@ pub fn scan() -> Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// Whether process `pid` maps a region file of the region directory that has been removed
+/// (`/proc/PID/maps` names it `… (deleted)`): the shim's exit handler removes the region
+/// of a process that exits without `HEAPDUMP_KEEP`, and the process maps it until it is
+/// gone. False when the maps cannot be read.
+fn maps_deleted_region(pid: u32) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let dir = region_dir();
+    let prefix = format!("{}/{pid}-", dir.display());
+    maps.lines().any(|l| {
+        l.split_once('/')
+            .is_some_and(|(_, p)| format!("/{p}").starts_with(&prefix) && l.ends_with(" (deleted)"))
+    })
+}
+
 /// The region file `target` names: a pid's (the running image's, else the newest), a command
 /// name's (unique, or the only running one), or a file given as is (its [`RegionFile`] then
 /// unknown).
@@ -1028,6 +1045,15 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                         "process {pid} has exited (a zombie: its parent has not reaped it) and \
                          left no region in {}",
                         region_dir().display()
+                    );
+                }
+                if proc_start_ticks(*pid).is_some() && maps_deleted_region(*pid) {
+                    bail!(
+                        "process {pid} is exiting: heapdump's exit handler has removed its \
+                         region (it still maps it), and exit handlers registered before \
+                         heapdump's are running; to read a process at its exit, run it with \
+                         HEAPDUMP_KEEP=1 (the region then stays readable, and recording, until \
+                         the process is gone)"
                     );
                 }
                 if proc_start_ticks(*pid).is_some() {

@@ -268,3 +268,50 @@ fn a_busy_process_without_stop_reports_exactly_its_planted_leaks() {
     }
     assert_eq!(r.finish(), 0);
 }
+
+/// A process inside `exit()`, held there by an exit handler registered before the shim's (a
+/// preloaded library's constructor): with `HEAPDUMP_KEEP=1` its region is current and the
+/// process alive, so `leaks` reads it (the 10 blocks of 1,000 B it lost; before: "pid N is
+/// detached (heapdump detach)"); without, `snapshot` says the exit handler removed its
+/// region (before: "not instrumented … heapdump attach").
+#[test]
+fn a_process_held_inside_exit_is_read_or_named_as_exiting() {
+    let exe = compile_c("exit_leak", &[]);
+    let lib = compile_lib("exit_wait.c", "libexit_wait.so", &[]);
+    let preload = format!("{}:{}", shim().display(), lib.display());
+    for keep in ["1", "0"] {
+        let dir = region_dir(&format!("exit-wait-{keep}"));
+        let mut cmd = Command::new(&exe);
+        cmd.env("LD_PRELOAD", &preload).env("HEAPDUMP_KEEP", keep);
+        let r = start_until(cmd, &dir, false, "exiting");
+        let pid = r.pid();
+        if keep == "1" {
+            let (groups, _) = leak_groups(&dir, pid);
+            assert_eq!(
+                groups,
+                vec![("direct".to_owned(), "leak_at_exit".to_owned(), 10, 10_000)],
+                "leaks inside exit()"
+            );
+        } else {
+            let out = dir.join("s.pb.gz");
+            let (ok, _, err) = heapdump_cmd(
+                &dir,
+                &[
+                    "snapshot",
+                    "--by-pid",
+                    &pid.to_string(),
+                    "-o",
+                    out.to_str().unwrap(),
+                ],
+            );
+            assert!(!ok, "{err}");
+            assert!(
+                err.contains(&format!("process {pid} is exiting"))
+                    && err.contains("HEAPDUMP_KEEP=1")
+                    && !err.contains("attach"),
+                "{err}"
+            );
+        }
+        assert_eq!(r.finish(), 0);
+    }
+}

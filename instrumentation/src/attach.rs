@@ -333,9 +333,9 @@ fn release_dead_threads(g: &state::Global) {
     }
 }
 
-/// Stops recording after the preload crate restored the GOT slots: the region is marked as
-/// a process that is gone (it stays readable, as after an exit with `HEAPDUMP_KEEP=1`:
-/// snapshots show the blocks live at the detach), and nothing more is recorded. glibc's heap
+/// Stops recording after the preload crate restored the GOT slots: the region is marked
+/// detached (it stays readable, as after an exit with `HEAPDUMP_KEEP=1`: snapshots show the
+/// blocks live at the detach), and nothing more is recorded. glibc's heap
 /// is walked once more and kept for the next attach ([`AT_DETACH`]). Returns false when the
 /// shim was not attached. Call with every other thread stopped outside the allocator; they
 /// may be inside the shim (nothing here takes a lock the recording takes: a thread in the
@@ -348,7 +348,7 @@ pub fn stop() -> bool {
         return false;
     }
     if let Some(g) = state::global() {
-        g.writer.set_state(vmo_layout::v1::STATE_EXITED);
+        g.writer.set_state(vmo_layout::v1::STATE_DETACHED);
     }
     state::STATE.store(state::DISABLED, Ordering::Release);
     // Taken only here and in `restart`, both run by the thread of an entry while every other

@@ -317,6 +317,9 @@ pub const STATE_INITIALIZING: u32 = 0;
 pub const STATE_READY: u32 = 1;
 /// `HeaderV1::state`: the process exited cleanly (region kept by `HEAPDUMP_KEEP=1`).
 pub const STATE_EXITED: u32 = 2;
+/// `HeaderV1::state`: recording was stopped by `heapdump detach` and the process runs on: the
+/// region holds the heap as it was at the detach.
+pub const STATE_DETACHED: u32 = 3;
 
 /// One record of the allocations table (40 bytes).
 ///
