@@ -34,14 +34,10 @@ pub fn write_with(
     // replaced: renaming a file over it would turn `/dev/null` into a regular file for every
     // program on the machine (a test run as root did exactly that). Not followed if a link.
     if let Ok(m) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        use std::os::unix::fs::FileTypeExt;
         let t = m.file_type();
         if t.is_char_device() || t.is_fifo() {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
+            let mut f = open_special(path)?;
             return encode(&mut f).with_context(|| format!("cannot write {}", path.display()));
         }
     }
@@ -56,4 +52,57 @@ pub fn write_with(
     // and renamed relative to it.
     let dir = crate::outdir::Dir::open(dir, crate::outdir::Create::No)?;
     dir.write_atomic(name, encode)
+}
+
+/// Opens the FIFO or character device at `path` for writing, if it is the collector's user's
+/// or root's: a FIFO another user planted where root writes (`mkfifo /tmp/heap.pb.gz` before
+/// root's `snapshot -o /tmp/heap.pb.gz`) would hand them root's profile, block contents
+/// included. Opened without following a link and without blocking (a FIFO nobody reads fails
+/// at once instead of hanging the command), then set blocking for the write; the checks are
+/// made on the descriptor opened, not on the path.
+fn open_special(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use anyhow::Context;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                anyhow::anyhow!("cannot open {}: a FIFO that nobody reads", path.display())
+            } else {
+                anyhow::Error::new(e).context(format!("cannot open {}", path.display()))
+            }
+        })?;
+    let m = f
+        .metadata()
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let t = m.file_type();
+    if !(t.is_char_device() || t.is_fifo()) {
+        anyhow::bail!(
+            "{}: changed while being opened (no longer a FIFO or device): not written",
+            path.display()
+        );
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me && m.uid() != 0 {
+        anyhow::bail!(
+            "{} is a {} owned by uid {}, not by you or root: refusing to write the profile into \
+             it (another user may have planted it to read what heapdump writes); remove it or \
+             choose another name",
+            path.display(),
+            if t.is_fifo() { "FIFO" } else { "device" },
+            m.uid()
+        );
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
 }

@@ -704,3 +704,97 @@ fn a_debug_link_to_a_fifo_does_not_hang_the_snapshot() {
     assert_eq!(sum_through(&p, "alloc_small")[3], 1000 * 1024);
     drop(r);
 }
+
+/// Helper E, F1: a FIFO another user planted at `-o`'s path (`mkfifo /tmp/heap.pb.gz` before
+/// root's snapshot) is refused: nothing is written into it (before: root's profile, block
+/// contents included, went to the planted FIFO's reader; with no reader the command hung in
+/// `open`). The user's own FIFO is still written to, and one nobody reads fails at once.
+#[test]
+fn a_fifo_planted_at_the_output_path_is_refused() {
+    if !is_root() {
+        skip_note("skipped: a_fifo_planted_at_the_output_path_is_refused needs root (chown)");
+        return;
+    }
+    let dir = region_dir("planted-fifo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let r = hold_sized(&dir, 4, 1000);
+    let pid = r.pid().to_string();
+    let mkfifo = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    };
+    // Planted by `nobody`, with a reader that would receive whatever is written.
+    let planted = dir.join("planted.pb.gz");
+    mkfifo(&planted);
+    std::os::unix::fs::chown(&planted, Some(NOBODY), Some(NOBODY)).unwrap();
+    let reader = {
+        let p = planted.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&p)
+                .unwrap();
+            let mut got = Vec::new();
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < end {
+                let mut b = [0u8; 4096];
+                match f.read(&mut b) {
+                    Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
+                    _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+                }
+            }
+            got
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid,
+            "-o",
+            planted.to_str().unwrap(),
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    assert!(t.code == Some(1) && !t.timed_out, "{t:?}");
+    assert!(
+        t.stderr
+            .contains("is a FIFO owned by uid 65534, not by you or root"),
+        "{t:?}"
+    );
+    assert_eq!(
+        reader.join().unwrap(),
+        Vec::<u8>::new(),
+        "written into the FIFO"
+    );
+    // The user's own FIFO, nobody reading it: an error at once, not a hang.
+    let own = dir.join("own.pb.gz");
+    mkfifo(&own);
+    let t = heapdump_timeout(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", own.to_str().unwrap()],
+        std::time::Duration::from_secs(30),
+    );
+    assert!(t.code == Some(1) && !t.timed_out, "{t:?}");
+    assert!(t.stderr.contains("a FIFO that nobody reads"), "{t:?}");
+    // ... and read: the profile arrives.
+    let p = own.clone();
+    let reader = std::thread::spawn(move || std::fs::read(&p).unwrap());
+    // The reader waits in its open: a writer's open then finds it.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let t = heapdump_timeout(
+        &dir,
+        &["snapshot", "--by-pid", &pid, "-o", own.to_str().unwrap()],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let got = reader.join().unwrap();
+    assert_eq!(&got[..2], &[0x1f, 0x8b], "a gzip stream");
+    assert_eq!(r.finish(), 0);
+}
