@@ -70,7 +70,9 @@ fn main() {
         Command::Detach(a) => attach::detach(&a),
     };
     if let Err(e) = r {
-        eprintln!("heapdump: {e:#}");
+        // Errors embed text others chose (file names, a target's answers, a server's body):
+        // control characters escaped, so none reaches the terminal raw.
+        eprintln!("heapdump: {}", regions::shown(&format!("{e:#}")));
         std::process::exit(1);
     }
     if snapshot::DAMAGED.load(std::sync::atomic::Ordering::Relaxed) {

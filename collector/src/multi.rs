@@ -74,7 +74,11 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
             Err(err) => {
                 // One line per process, whatever the error's text holds.
                 let why = format!("{err:#}").replace('\n', "; ");
-                eprintln!("heapdump: pid {} ({name}): skipped: {why}", e.file.pid);
+                eprintln!(
+                    "heapdump: pid {} ({name}): skipped: {}",
+                    e.file.pid,
+                    crate::regions::shown(&why)
+                );
                 skipped.push(format!("pid {} ({name}): {why}", e.file.pid));
             }
         }

@@ -392,6 +392,34 @@ fn bad_inputs_are_refused_clearly() {
         "{err}"
     );
     assert!(err.contains("no heapdump profiles"), "{err}");
+    // A name another user chose, with terminal escapes (helper E, F7): escaped in the warning
+    // of a directory's skipped file and in the error of a file named.
+    let esc = d.path().join("esc");
+    std::fs::create_dir(&esc).unwrap();
+    let evil = esc.join("b\x1b[2J\x1b]0;PWN\x07.pb.gz");
+    std::fs::write(&evil, b"\x1f\x8bnot really").unwrap();
+    let (ok, _, err) = heapdump_cmd(d.path(), &["report", esc.to_str().unwrap(), "-o", o]);
+    assert!(
+        !ok && err.contains("skipped") && err.contains("\\u{1b}[2J"),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b') && !err.contains('\x07'), "{err:?}");
+    let svg = d.path().join("r.svg");
+    for cmd in [&["report"][..], &["convert"][..]] {
+        let mut args = cmd.to_vec();
+        let out = if cmd == ["convert"] {
+            svg.to_str().unwrap()
+        } else {
+            o
+        };
+        args.extend([evil.to_str().unwrap(), "-o", out]);
+        let (ok, _, err) = heapdump_cmd(d.path(), &args);
+        assert!(!ok && err.contains("PWN"), "{cmd:?}: {err}");
+        assert!(
+            !err.contains('\x1b') && !err.contains('\x07'),
+            "{cmd:?}: {err:?}"
+        );
+    }
     // The same broken files named: an error.
     for name in ["broken.pb.gz", "broken.hdsnap"] {
         let broken = empty.join(name);

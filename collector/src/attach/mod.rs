@@ -554,7 +554,7 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
         answer.mallinfo[0], answer.mallinfo[1], answer.mallinfo[2]
     );
     if !note.is_empty() {
-        eprintln!("heapdump: note: {note}");
+        eprintln!("heapdump: note: {}", crate::regions::shown(&note));
     }
     Ok(())
 }

@@ -127,7 +127,10 @@ pub fn watch(w: &WatchProps) -> Result<()> {
                     push::queue::Queue::with_spool(spool, left)
                 }
                 Err(e) => {
-                    eprintln!("heapdump: warning: {e:#}; unsent profiles wait in memory only");
+                    eprintln!(
+                        "heapdump: warning: {}; unsent profiles wait in memory only",
+                        crate::regions::shown(&format!("{e:#}"))
+                    );
                     push::queue::Queue::default()
                 }
             }
@@ -173,7 +176,11 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             if r.len() > 0 {
                 if let Err(e) = crate::report::write(r, None, path) {
                     tally.failed += 1;
-                    eprintln!("heapdump: --report {}: {e:#}", path.display());
+                    eprintln!(
+                        "heapdump: --report {}: {}",
+                        path.display(),
+                        crate::regions::shown(&format!("{e:#}"))
+                    );
                 }
             }
         }
@@ -254,7 +261,10 @@ fn round(
         WatchTarget::Many(sel) => match multi::select(sel) {
             Ok(v) => v,
             Err(e) => {
-                eprintln!("heapdump: cannot list the processes: {e:#}");
+                eprintln!(
+                    "heapdump: cannot list the processes: {}",
+                    crate::regions::shown(&format!("{e:#}"))
+                );
                 Vec::new()
             }
         },
@@ -356,7 +366,11 @@ fn round(
                 }
                 Err(err) => {
                     tally.failed += 1;
-                    eprintln!("heapdump: pid {} ({label}): {err:#}", e.file.pid);
+                    eprintln!(
+                        "heapdump: pid {} ({label}): {}",
+                        e.file.pid,
+                        crate::regions::shown(&format!("{err:#}"))
+                    );
                 }
             }
         }
@@ -373,7 +387,11 @@ fn round(
                 Ok(gz) => pusher.push(client.item(&name, e.file.pid, &gz)),
                 Err(err) => {
                     tally.failed += 1;
-                    eprintln!("heapdump: pid {} ({label}): {err:#}", e.file.pid);
+                    eprintln!(
+                        "heapdump: pid {} ({label}): {}",
+                        e.file.pid,
+                        crate::regions::shown(&format!("{err:#}"))
+                    );
                 }
             }
             dest.push(format!("push to {}", w.push.as_ref().expect("push").url));
@@ -464,7 +482,7 @@ fn prune(dir: &crate::outdir::Dir, name: &str, pid: u32, keep: u64) {
     let excess = mine.len().saturating_sub(keep as usize);
     for old in &mine[..excess] {
         if let Err(e) = dir.remove(std::ffi::OsStr::new(old)) {
-            eprintln!("heapdump: {e:#}");
+            eprintln!("heapdump: {}", crate::regions::shown(&format!("{e:#}")));
         }
     }
 }

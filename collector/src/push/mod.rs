@@ -87,5 +87,19 @@ pub struct Failure {
 
 /// `text` on one line.
 pub fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    // The server's text: its control characters escaped (terminal escapes in an error body).
+    crate::regions::shown(&text.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    /// A push server's error body (helper E, F6) reaches the terminal on one line, its terminal
+    /// escapes escaped.
+    #[test]
+    fn a_servers_text_is_one_line_without_escapes() {
+        assert_eq!(
+            super::one_line("bad\x1b[2J\x1b]0;owned\x07 request\n  here"),
+            "bad\\u{1b}[2J\\u{1b}]0;owned\\u{7} request here"
+        );
+    }
 }

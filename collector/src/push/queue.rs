@@ -129,7 +129,7 @@ impl Queue {
             self.spool_bytes -= file.bytes;
             self.dropped += 1;
             if let Err(e) = Spool::remove(&file) {
-                eprintln!("heapdump: {e:#}");
+                eprintln!("heapdump: {}", crate::regions::shown(&format!("{e:#}")));
             }
             eprintln!(
                 "heapdump: push spool full ({max} bytes at most, --spool-max-bytes): dropped the \
@@ -214,7 +214,10 @@ impl Queue {
             Some((_, Waiting::Spooled { file, .. })) => {
                 self.spool_bytes -= file.bytes;
                 if let Err(e) = Spool::remove(&file) {
-                    eprintln!("heapdump: {e:#} (the next watch may send it again)");
+                    eprintln!(
+                        "heapdump: {} (the next watch may send it again)",
+                        crate::regions::shown(&format!("{e:#}"))
+                    );
                 }
             }
             None => {}
@@ -237,7 +240,10 @@ impl Queue {
                     Ok(i) => return Some((id, i)),
                     Err(e) => {
                         self.dropped += 1;
-                        eprintln!("heapdump: {e:#}: not a profile to push (removed)");
+                        eprintln!(
+                            "heapdump: {}: not a profile to push (removed)",
+                            crate::regions::shown(&format!("{e:#}"))
+                        );
                         self.remove_id(id);
                     }
                 },

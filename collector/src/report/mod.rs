@@ -118,7 +118,10 @@ pub fn run(props: ReportProps) -> Result<()> {
         match added {
             Ok(()) => {}
             Err(e) if *named => return Err(e),
-            Err(e) => eprintln!("heapdump: warning: skipped {e:#}"),
+            Err(e) => eprintln!(
+                "heapdump: warning: skipped {}",
+                crate::regions::shown(&format!("{e:#}"))
+            ),
         }
     }
     if report.len() == 0 && report.sections() == 0 {
