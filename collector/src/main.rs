@@ -71,8 +71,9 @@ fn main() {
     };
     if let Err(e) = r {
         // Errors embed text others chose (file names, a target's answers, a server's body):
-        // control characters escaped, so none reaches the terminal raw.
-        eprintln!("heapdump: {}", regions::shown(&format!("{e:#}")));
+        // control characters escaped, so none reaches the terminal raw (line breaks kept: some
+        // errors list candidates a line each, their names escaped where they are built).
+        eprintln!("heapdump: {}", regions::shown_lines(&format!("{e:#}")));
         std::process::exit(1);
     }
     if snapshot::DAMAGED.load(std::sync::atomic::Ordering::Relaxed) {

@@ -70,6 +70,20 @@ pub fn check_dir(dir: &Path) -> Result<bool> {
     }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
+    // Root's own default directory another user created first (`/dev/shm/heapdump-0`): the
+    // shim refuses it (root's programs record nothing there) and its owner controls what is
+    // in it. Another user's directory root names with HEAPDUMP_DIR is read, as documented.
+    let default = std::env::var_os("HEAPDUMP_DIR").is_none_or(|d| d.is_empty());
+    if euid == 0 && default && md.uid() != 0 {
+        bail!(
+            "region directory {} is owned by uid {}, not by root: another user created it, \
+             and root's programs cannot record there; remove it (`rm -r {}`) or set \
+             HEAPDUMP_DIR",
+            dir.display(),
+            md.uid(),
+            dir.display()
+        );
+    }
     if euid != 0 && md.uid() != euid && md.uid() != 0 {
         bail!(
             "region directory {} is owned by uid {}, not by you (uid {euid}); refusing to trust it",
@@ -936,6 +950,15 @@ pub fn incomplete_lines(info: &RegionInfo) -> Vec<String> {
     );
     v.extend(info.warnings.iter().map(|w| format!("shim: {}", shown(w))));
     v
+}
+
+/// [`shown`] for a message of several lines (an error heapdump exits with): control
+/// characters escaped but its line breaks.
+pub fn shown_lines(text: &str) -> String {
+    text.split('\n')
+        .map(|l| shown(l).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// [`command_name`] for a message or a table: control characters escaped ([`shown`]).

@@ -798,3 +798,43 @@ fn a_fifo_planted_at_the_output_path_is_refused() {
     assert_eq!(&got[..2], &[0x1f, 0x8b], "a gzip stream");
     assert_eq!(r.finish(), 0);
 }
+
+/// Helper E, F5: `gc` removes files through the region directory it listed, not by path: its
+/// owner renaming the directory away and putting a link to another directory in its place
+/// (between the listing and the removals) makes gc remove nothing outside it (before: root's
+/// gc removed the same-named file in the directory the link led to).
+#[test]
+fn gc_removes_nothing_through_a_directory_swapped_for_a_link() {
+    let base = region_dir("gc-swap");
+    let hd = base.join("hd");
+    let away = base.join("hd-away");
+    let victim = base.join("victim");
+    for d in [&hd, &victim] {
+        std::fs::create_dir_all(d).unwrap();
+        mode(d, 0o700);
+    }
+    let name = "4242-777-999999.heapdump";
+    std::fs::write(hd.join(name), b"not a region").unwrap();
+    std::fs::write(victim.join(name), b"someone's file").unwrap();
+    let pause = Handshake::new("HEAPDUMP_TEST_GC_PAUSE", &base);
+    let mut gc = Command::new(heapdump());
+    let (var, file) = pause.env();
+    gc.arg("gc")
+        .env("HEAPDUMP_DIR", &hd)
+        .env(var, file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = gc.spawn().unwrap();
+    pause.reached();
+    std::fs::rename(&hd, &away).unwrap();
+    std::os::unix::fs::symlink(&victim, &hd).unwrap();
+    pause.release();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        victim.join(name).exists(),
+        "removed through the link: {err}"
+    );
+    assert!(!away.join(name).exists(), "the listed file stays: {err}");
+}

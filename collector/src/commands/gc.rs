@@ -20,7 +20,21 @@ impl From<cli::GcArgs> for Options {
 /// Removes (or, dry, lists) every region whose process is gone, except one still being laid out.
 pub fn run(a: Options) -> Result<()> {
     let (mut removed, mut failed) = (0, 0);
-    for e in regions::scan()? {
+    // The directory opened once, before it is listed: files are removed relative to this
+    // descriptor, so a directory renamed away and replaced by a link meanwhile (its owner can,
+    // when root collects in another user's directory) makes nothing outside it removed.
+    let dir_path = regions::region_dir();
+    let dir = if regions::check_dir(&dir_path)? {
+        Some(crate::outdir::Dir::open(
+            &dir_path,
+            crate::outdir::Create::No,
+        )?)
+    } else {
+        None
+    };
+    let entries = regions::scan()?;
+    heapdump_testhooks::gc_pause();
+    for e in entries {
         // A detached process still runs, and may be attached again into its region.
         if matches!(e.liveness, Liveness::Alive | Liveness::Detached) {
             continue;
@@ -55,9 +69,9 @@ pub fn run(a: Options) -> Result<()> {
         }
         if a.dry_run {
             println!("would remove {}: {what}", e.file.path.display());
-        } else if let Err(err) = std::fs::remove_file(&e.file.path) {
+        } else if let Err(err) = remove(dir.as_ref(), &e.file.path) {
             // The others are still removed: one that cannot be is reported at the end.
-            eprintln!("heapdump: cannot remove {}: {err}", e.file.path.display());
+            eprintln!("heapdump: cannot remove {}: {err:#}", e.file.path.display());
             failed += 1;
             continue;
         } else {
@@ -73,4 +87,13 @@ pub fn run(a: Options) -> Result<()> {
         bail!("{failed} region file(s) could not be removed (see above)");
     }
     Ok(())
+}
+
+/// Removes region file `path` (listed in the region directory) through `dir`, the descriptor
+/// of that directory opened before it was listed.
+fn remove(dir: Option<&crate::outdir::Dir>, path: &std::path::Path) -> Result<()> {
+    let (Some(dir), Some(name)) = (dir, path.file_name()) else {
+        bail!("not in the region directory opened");
+    };
+    dir.remove(name)
 }

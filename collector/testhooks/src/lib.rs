@@ -37,6 +37,12 @@ pub fn contents_pause() {
     handshake("HEAPDUMP_TEST_CONTENTS_PAUSE");
 }
 
+/// `HEAPDUMP_TEST_GC_PAUSE=FILE`: `gc` has listed the region directory, before it removes
+/// anything (a test swaps the directory meanwhile).
+pub fn gc_pause() {
+    handshake("HEAPDUMP_TEST_GC_PAUSE");
+}
+
 /// `HEAPDUMP_TEST_ATTACH_PAUSE=FILE`: once the target runs `heapdump attach`'s stub, so that a
 /// test can kill heapdump mid-attach.
 pub fn attach_pause() {
