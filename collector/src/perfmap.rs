@@ -245,16 +245,28 @@ pub fn frame_of(name: &str) -> Frame {
             continue;
         };
         let rest = rest.trim_start_matches(['~', '^', '+', '*']);
-        // The location is the last word, `file:line:column` (a function name may hold spaces:
-        // `get size`).
-        let (func, loc) = match rest.rsplit_once(' ') {
-            Some((f, l)) => (f, l),
-            None if rest.contains(':') && rest.contains('/') => ("", rest),
-            None => (rest, ""),
+        // The location, `file:line:column`, follows the name after a space; both may hold
+        // spaces (`get size`; a script in `/srv/my app/`; a worker's `[worker eval]`): the
+        // first space followed by what starts a location and ends in `:digits` splits them,
+        // else the last space.
+        let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let located = |l: &str| {
+            ["/", "node:", "file:", "[", "webpack", "evalmachine"]
+                .iter()
+                .any(|p| l.starts_with(p))
+                && l.rsplit_once(':').is_some_and(|(_, n)| number(n))
+        };
+        let first = (rest.match_indices(' ').map(|(i, _)| i)).find(|&i| located(&rest[i + 1..]));
+        let (func, loc) = match first.map(|i| (&rest[..i], &rest[i + 1..])) {
+            Some(split) => split,
+            None => match rest.rsplit_once(' ') {
+                Some((f, l)) => (f, l),
+                None if rest.contains(':') && rest.contains('/') => ("", rest),
+                None => (rest, ""),
+            },
         };
         let func = if func.is_empty() { "(anonymous)" } else { func };
         // `file:line:column` (V8 since 2021) or `file:line` (older).
-        let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if let Some((head, last)) = loc.rsplit_once(':').filter(|(_, l)| number(l)) {
             let (file, line) = match head.rsplit_once(':') {
                 Some((f, l)) if number(l) => (f, l),
@@ -678,6 +690,28 @@ mod tests {
         assert_eq!(
             (f.function.as_str(), f.file.as_str(), f.line),
             ("(anonymous)", "node:internal/main/run_main_module", 1)
+        );
+        // A script in a directory with a space, an anonymous function there, and a worker's
+        // code evaluated from a string (helper D, 4: split at the last space before).
+        let f = frame_of("JS:*makeBuffers /tmp/my app/sp.js:3:4");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("makeBuffers", "/tmp/my app/sp.js", 3)
+        );
+        let f = frame_of("JS:~ /tmp/my app/sp.js:1:1");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("(anonymous)", "/tmp/my app/sp.js", 1)
+        );
+        let f = frame_of("JS:~workerAlloc [worker eval]:3:23");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("workerAlloc", "[worker eval]", 3)
+        );
+        let f = frame_of("JS:*get size /srv/my app/a.js:12:3");
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("get size", "/srv/my app/a.js", 12)
         );
         assert_eq!(
             frame_of("Builtin:ArrayPrototypePush").function,
