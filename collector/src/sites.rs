@@ -122,10 +122,22 @@ pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
         .filter(|&i| kinds[innermost] == FrameKind::Script && kinds[i] == FrameKind::Script)
         .map(|i| (i as u32, String::new()))
         .collect();
-    let eval = kinds[innermost..].iter().find_map(|k| match k {
-        FrameKind::Native(file) => Some(*file),
-        _ => None,
-    });
+    // A stack cut at the frame limit (a deep recursion of Python functions, which call each
+    // other with no C frame between, or of JavaScript) may hold no native frame outside the
+    // innermost script frame: then the object of the nearest named native frame inside it,
+    // the code the script called into (the eval loop, V8's builtins) stands for the runtime.
+    let eval = kinds[innermost..]
+        .iter()
+        .find_map(|k| match k {
+            FrameKind::Native(file) => Some(*file),
+            _ => None,
+        })
+        .or_else(|| {
+            kinds[..innermost].iter().rev().find_map(|k| match k {
+                FrameKind::Native(Some(file)) => Some(Some(*file)),
+                _ => None,
+            })
+        });
     let extension = |file: &str| {
         let name = file.rsplit('/').next().unwrap_or(file);
         name.contains(".cpython-") || name.ends_with(".abi3.so")
@@ -322,6 +334,29 @@ mod tests {
         let h = script_hint(&kinds).unwrap();
         let frames = names(&["malloc", "lose_one", "_ctypes_callproc", "run", "eval"]);
         assert_eq!(s.site_hinted(&frames, Some(&h)), "lose_one");
+        // ... also in a stack cut at the frame limit, all script frames outside (helper D, 3:
+        // a recursion 58 Python functions deep was named after PyByteArray_Resize).
+        let kinds = [Native(libc), Native(lost), Native(py), Script, Script];
+        let h = script_hint(&kinds).unwrap();
+        let frames = names(&[
+            "malloc",
+            "lose_one",
+            "_ctypes_callproc",
+            "depth58",
+            "depth57",
+        ]);
+        assert_eq!(s.site_hinted(&frames, Some(&h)), "lose_one");
+        let kinds = [Native(libc), Native(py), Native(py), Script, Script];
+        let h = script_hint(&kinds).unwrap();
+        assert_eq!(h.interpreter, vec![1, 2]);
+        let frames = names(&[
+            "malloc",
+            "PyByteArray_Resize",
+            "_PyEval_EvalFrameDefault",
+            "depth58",
+            "depth57",
+        ]);
+        assert_eq!(s.site_hinted(&frames, Some(&h)), "depth58");
         // node: V8's and node's C++, and node's own JavaScript (`node:buffer`'s `alloc`), are
         // the runtime; the site is the program's function.
         let node = Some("/usr/bin/node");
