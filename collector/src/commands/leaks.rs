@@ -194,11 +194,19 @@ pub fn run(a: Options) -> Result<()> {
         let scan = match &an.stats {
             Some(st) => {
                 format!(
-                    "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}",
+                    "; scanned {} bytes of blocks and {} bytes of {} roots in {:.2} s{}{}",
                     st.bytes_read,
                     st.root_bytes,
                     g.roots.len(),
                     st.seconds,
+                    if st.root_bytes_untouched > 0 {
+                        format!(
+                            " ({} bytes of reserved address space never touched, not read)",
+                            st.root_bytes_untouched
+                        )
+                    } else {
+                        String::new()
+                    },
                     if st.vanished > 0 {
                         format!("; {} blocks freed meanwhile could not be read", st.vanished)
                     } else {
