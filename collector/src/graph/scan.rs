@@ -1069,7 +1069,6 @@ fn data_symbols(m: &Module) -> Vec<(u64, u64, String)> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Anonymous mappings at least this large are read only where they have pages
 /// ([`touched_runs`]).
 const SPARSE_MIN: u64 = 64 << 20;
@@ -1138,6 +1137,7 @@ fn intersect(ranges: &[(u64, u64)], runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn find_roots(
     pid: u32,
     maps: &[Mapping],
