@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::path::Path;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use vmo_layout::Module;
 
@@ -104,16 +106,51 @@ pub fn symbolize(
         .enable_inlined_fns(true)
         .enable_demangling(false)
         .build();
+    let mut opened: Vec<std::fs::File> = Vec::new();
     for (m, list) in by_module {
         let module = &modules[m];
-        let path = Path::new(&module.path);
-        if !path.is_absolute() || !path.exists() || !build_id_matches(path, &module.build_id) {
+        let named = Path::new(&module.path);
+        if !named.is_absolute() {
+            continue;
+        }
+        // Opened here, once, without blocking, and used only if a regular file. A path that
+        // others can change (a file or a directory of another user's: root symbolizing a
+        // user's program) is then read through this descriptor (`/proc/self/fd/N` reopens the
+        // same file), never by its name again: its owner could swap it for a FIFO between a
+        // check and blazesym's blocking open (helper E, F4: root's snapshot hung in 12 of 30
+        // tries), and its debug link is not followed (its candidates are the owner's too).
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(named)
+        else {
+            continue;
+        };
+        if !file.metadata().is_ok_and(|md| md.is_file()) {
+            continue;
+        }
+        heapdump_testhooks::symbolize_pause(named);
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        // Kept open to the end: blazesym caches what it read by path, and a descriptor number
+        // closed here could name another module's file next.
+        let trusted = trusted_path(named);
+        let path: &Path = if trusted { named } else { &by_fd };
+        if !build_id_matches(path, &module.build_id) {
             continue;
         }
         let virt: Vec<u64> = list.iter().map(|a| a.wrapping_sub(module.base)).collect();
         // DWARF only when blazesym can follow the file's debug link without opening anything
-        // but regular files (see `debug_link_safe`); else its symbol table.
-        let source = if debug_link_safe(path) {
+        // but regular files (see `debug_link_safe`), or, through the descriptor, when the file
+        // has no debug link to follow; else its symbol table.
+        let dwarf = if trusted {
+            debug_link_safe(path)
+        } else {
+            has_no_debug_link(&file)
+        };
+        let path = path.to_path_buf();
+        let path = path.as_path();
+        opened.push(file);
+        let source = if dwarf {
             Elf::new(path)
         } else {
             Elf {
@@ -292,6 +329,53 @@ fn code_loc(c: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32) {
 /// blocking open, and the profiled program chooses both the link and what lies beside its
 /// own binary (a FIFO there hung `snapshot` for ever). A link naming a path (a `/` in it) is
 /// not followed. Reads only the ELF headers and the link's section.
+/// Whether no one but the collector's user and root can change what `path` names: the file
+/// and every directory above it owned by one of them, each directory writable by no one else
+/// unless sticky (where others cannot rename what is not theirs).
+fn trusted_path(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let ours = |uid: u32| uid == me || uid == 0;
+    // Each directory on the way, as named and as resolved (`/lib` is a link to `usr/lib` on
+    // Debian): a link can only be replaced by whoever may write the directory holding it,
+    // which is checked as the component above it.
+    let dirs_ok = |p: &Path| {
+        p.ancestors().skip(1).all(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            std::fs::symlink_metadata(dir).is_ok_and(|d| {
+                ours(d.uid())
+                    && (d.file_type().is_symlink()
+                        || (d.is_dir() && (d.mode() & 0o022 == 0 || d.mode() & libc::S_ISVTX != 0)))
+            })
+        })
+    };
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(md) = std::fs::symlink_metadata(&real) else {
+        return false;
+    };
+    md.is_file() && ours(md.uid()) && dirs_ok(path) && dirs_ok(&real)
+}
+
+/// Whether the ELF file `f` has no `.gnu_debuglink` (then blazesym follows nothing from it).
+fn has_no_debug_link(f: &std::fs::File) -> bool {
+    use object::{Object as _, ReadCache};
+    let Ok(f) = f.try_clone() else {
+        return false;
+    };
+    let cache = ReadCache::new(f);
+    match object::File::parse(&cache) {
+        Ok(elf) => matches!(elf.gnu_debuglink(), Ok(None)),
+        Err(_) => true,
+    }
+}
+
 fn debug_link_safe(path: &Path) -> bool {
     use object::{Object as _, ReadCache};
     use std::os::unix::fs::OpenOptionsExt;

@@ -838,3 +838,69 @@ fn gc_removes_nothing_through_a_directory_swapped_for_a_link() {
     );
     assert!(!away.join(name).exists(), "the listed file stays: {err}");
 }
+
+/// Helper E, F4: a module file in a directory another user owns, swapped for a FIFO after the
+/// symbolizer checked it (a `renameat2` exchange by the directory's owner), hung root's
+/// snapshot in blazesym's blocking open. Now such a file is opened once, without blocking,
+/// and read through that descriptor: the swap changes nothing, and the functions are named.
+#[test]
+fn a_module_swapped_for_a_fifo_after_its_check_does_not_hang_the_snapshot() {
+    if !is_root() {
+        skip_note("skipped: a_module_swapped_for_a_fifo_after_its_check_does_not_hang_the_snapshot needs root (chown)");
+        return;
+    }
+    let dir = region_dir("module-swap");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = app.join("known_allocs");
+    std::fs::copy(compile_c("known_allocs", &[]), &exe).unwrap();
+    // Its DWARF moved to a debug file it links to: the link is not followed for a file
+    // others can change, and the functions are named from its symbol table, read through
+    // the descriptor too.
+    let debug = app.join("known_allocs.debug");
+    let objcopy = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("objcopy").args(args).status();
+        assert!(st.is_ok_and(|s| s.success()), "objcopy {args:?}");
+    };
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        exe.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    objcopy(&["--strip-debug".as_ref(), link.as_ref(), exe.as_os_str()]);
+    std::os::unix::fs::chown(&app, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::os::unix::fs::chown(&exe, Some(NOBODY), Some(NOBODY)).unwrap();
+    let r = start(Command::new(&exe), &dir, true);
+    let pause = Handshake::new("HEAPDUMP_TEST_SYMBOLIZE_PAUSE", &dir);
+    let out = dir.join("s.pb.gz");
+    let (var, file) = pause.env();
+    let child = Command::new("timeout")
+        .args(["60", heapdump().to_str().unwrap(), "snapshot", "--by-pid"])
+        .arg(r.pid().to_string())
+        .arg("-o")
+        .arg(&out)
+        .env("HEAPDUMP_DIR", &dir)
+        .env(var, file)
+        .env("HEAPDUMP_TEST_SYMBOLIZE_MODULE", &exe)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    pause.reached();
+    std::fs::rename(&exe, app.join("moved")).unwrap();
+    let c = std::ffi::CString::new(exe.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    pause.release();
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "snapshot: {:?} {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let p = decode(&out);
+    // known_allocs: 1000 × 1 KiB from alloc_small.
+    assert_eq!(sum_through(&p, "alloc_small")[3], 1000 * 1024);
+    drop(r);
+}

@@ -37,6 +37,14 @@ pub fn contents_pause() {
     handshake("HEAPDUMP_TEST_CONTENTS_PAUSE");
 }
 
+/// `HEAPDUMP_TEST_SYMBOLIZE_PAUSE=FILE` with `HEAPDUMP_TEST_SYMBOLIZE_MODULE=PATH`: the
+/// symbolizer has opened module PATH, before it reads it (a test swaps the path meanwhile).
+pub fn symbolize_pause(module: &std::path::Path) {
+    if ENABLED && std::env::var_os("HEAPDUMP_TEST_SYMBOLIZE_MODULE").is_some_and(|m| m == module) {
+        handshake("HEAPDUMP_TEST_SYMBOLIZE_PAUSE");
+    }
+}
+
 /// `HEAPDUMP_TEST_GC_PAUSE=FILE`: `gc` has listed the region directory, before it removes
 /// anything (a test swaps the directory meanwhile).
 pub fn gc_pause() {
