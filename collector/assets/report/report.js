@@ -337,10 +337,11 @@
     sec.appendChild(tlHost);
     sec.appendChild(el("h3", { text: "Growth ranking: sites by sustained growth" }));
     sec.appendChild(el("p", { class: "hint", text: "median slope: the median of the slopes " +
-      "between every two snapshots (Theil–Sen; a step or a passing burst barely moves it); " +
+      "between every two snapshots (Theil–Sen; a passing burst barely moves it); " +
       "line slope: least squares; R²: how straight a line it is (1 = steady); grew: the share " +
-      "of intervals that grew. Ranked by median slope × R²: a leak ranks high, a flat cache " +
-      "or a passing burst low." }));
+      "of intervals that grew. Ranked by median slope × R² × how evenly the growth is " +
+      "spread over the intervals: a leak ranks high; a flat cache, a passing burst or a " +
+      "one-off step low." }));
     var gt = growthTable(p);
     sec.appendChild(gt);
     sec.appendChild(el("h3", { text: "Flame graph" }));

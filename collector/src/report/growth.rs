@@ -7,9 +7,12 @@
 //! noise or a flat series), the Theil–Sen slope (the median of the slopes between every two
 //! snapshots: robust, so one big step or a burst caught by a few snapshots does not make it
 //! large, Sen 1968), and the fraction of intervals over which the value grew. The ranking
-//! score is `max(Theil–Sen slope, 0) × R²`: a steady leak scores its slope, a flat cache 0,
-//! and a 1 MiB burst caught by the last two snapshots of eight 0 (its least-squares slope
-//! would have outranked a 10 KiB/s leak).
+//! score is `max(Theil–Sen slope, 0) × R² ×` how evenly the growth is spread over the
+//! intervals ([`spread`]): a steady leak scores its slope, a flat cache 0, a 1 MiB burst caught by the
+//! last two snapshots of eight 0 (its least-squares slope would have outranked a 10 KiB/s
+//! leak), and a one-off step in the middle of the window — whose Theil–Sen slope is the step's,
+//! as most pairs of snapshots span it — about 0: growth that all comes from one interval is a
+//! step, not a trend (helper A's warm-up of 5 MB ranked above a 10 KiB/s leak).
 
 /// How one series grows.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -24,7 +27,8 @@ pub struct Growth {
     pub median_slope: f64,
     /// Fraction of the intervals (consecutive pairs) over which the value grew, in `[0, 1]`.
     pub grew: f64,
-    /// `max(median_slope, 0) × r2`: the ranking key, largest first.
+    /// `max(median_slope, 0) × r2 × spread` ([`spread`]: 1 for growth spread evenly over the
+    /// intervals, 0 for one step): the ranking key, largest first.
     pub score: f64,
 }
 
@@ -77,9 +81,26 @@ pub fn growth(t: &[f64], v: &[f64]) -> Growth {
     };
     Growth {
         median_slope,
-        score: median_slope.max(0.0) * g.r2,
+        score: median_slope.max(0.0) * g.r2 * spread(v),
         ..g
     }
+}
+
+/// How evenly the growth of `v` is spread over its intervals, in `[0, 1]`: 1 when no interval
+/// rises by more than an equal share would (a steady leak), 0 when one interval holds all of
+/// it (a one-off step). `(1 − largest / total) / (1 − 1 / intervals)` of the rises; 1 with
+/// fewer than 3 intervals (two or three snapshots cannot tell a step from a trend).
+fn spread(v: &[f64]) -> f64 {
+    let k = v.len().saturating_sub(1);
+    if k < 3 {
+        return 1.0;
+    }
+    let rises = v.windows(2).map(|w| (w[1] - w[0]).max(0.0));
+    let (largest, total) = rises.fold((0.0f64, 0.0f64), |(l, s), d| (l.max(d), s + d));
+    if total <= 0.0 {
+        return 0.0;
+    }
+    ((1.0 - largest / total) / (1.0 - 1.0 / k as f64)).clamp(0.0, 1.0)
 }
 
 /// The cheap part of [`growth`] (O(n)): the least-squares slope, R² and the share of growing
@@ -164,6 +185,23 @@ mod tests {
         // A burst caught in the middle (3 of 8 snapshots) scores 0 too.
         let mid = growth(&t, &[0.0, 0.0, 0.0, m, m, m, 0.0, 0.0]);
         assert_eq!(mid.score, 0.0, "{mid:?}");
+        // A one-off step in the middle of the window (helper A: a 5 MB warm-up 8 s into 14)
+        // beside a 10 KiB/s leak: most pairs span the step, so its Theil–Sen slope is large,
+        // but all its growth comes from one interval.
+        let t = secs(14);
+        let step: Vec<f64> = t.iter().map(|&s| if s < 7.0 { 0.0 } else { 5e6 }).collect();
+        let step = growth(&t, &step);
+        assert!(step.median_slope > 1e5, "{step:?}");
+        assert_eq!(step.score, 0.0, "{step:?}");
+        let leak: Vec<f64> = t.iter().map(|s| 1e4 + 10240.0 * s).collect();
+        let leak = growth(&t, &leak);
+        assert!((leak.score - 10240.0).abs() < 1e-6, "{leak:?}");
+        // A leak with a step on top still ranks (its other intervals grow too).
+        let both: Vec<f64> = t
+            .iter()
+            .map(|&s| 10240.0 * s + if s < 7.0 { 0.0 } else { 1e5 })
+            .collect();
+        assert!(growth(&t, &both).score > 1000.0);
         // A shrinking series scores 0.
         let shrink = growth(&t, &[8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]);
         assert!(shrink.slope < 0.0);
