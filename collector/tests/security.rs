@@ -654,6 +654,25 @@ fn a_region_whose_name_and_header_disagree_is_refused() {
     drop((a, b));
 }
 
+/// Moves `exe`'s DWARF into `EXE.debug` beside it, which `exe` then names in its
+/// `.gnu_debuglink` (`objcopy --only-keep-debug`, then `--strip-debug --add-gnu-debuglink`).
+/// Returns the debug file's path.
+fn move_dwarf_to_debug_link(exe: &Path) -> std::path::PathBuf {
+    let debug = exe.with_extension("debug");
+    let objcopy = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("objcopy").args(args).status();
+        assert!(st.is_ok_and(|s| s.success()), "objcopy {args:?}");
+    };
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        exe.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    objcopy(&["--strip-debug".as_ref(), link.as_ref(), exe.as_os_str()]);
+    debug
+}
+
 /// The profiled program's binary names its debug file (`.gnu_debuglink`) and lies in a
 /// directory it controls: a FIFO there under that name made `snapshot` (root's, a watch
 /// daemon's) block for ever in blazesym's open. Now the link is followed only when every file
@@ -667,18 +686,7 @@ fn a_debug_link_to_a_fifo_does_not_hang_the_snapshot() {
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("known_allocs");
     std::fs::copy(compile_c("known_allocs", &[]), &exe).unwrap();
-    let debug = dir.join("known_allocs.debug");
-    let objcopy = |args: &[&std::ffi::OsStr]| {
-        let st = Command::new("objcopy").args(args).status();
-        assert!(st.is_ok_and(|s| s.success()), "objcopy {args:?}");
-    };
-    objcopy(&[
-        "--only-keep-debug".as_ref(),
-        exe.as_os_str(),
-        debug.as_os_str(),
-    ]);
-    let link = format!("--add-gnu-debuglink={}", debug.display());
-    objcopy(&["--strip-debug".as_ref(), link.as_ref(), exe.as_os_str()]);
+    let debug = move_dwarf_to_debug_link(&exe);
     std::fs::remove_file(&debug).unwrap();
     let c = std::ffi::CString::new(debug.to_str().unwrap()).unwrap();
     // SAFETY: a valid C string; mkfifo only creates the file.
@@ -857,18 +865,7 @@ fn a_module_swapped_for_a_fifo_after_its_check_does_not_hang_the_snapshot() {
     // Its DWARF moved to a debug file it links to: the link is not followed for a file
     // others can change, and the functions are named from its symbol table, read through
     // the descriptor too.
-    let debug = app.join("known_allocs.debug");
-    let objcopy = |args: &[&std::ffi::OsStr]| {
-        let st = Command::new("objcopy").args(args).status();
-        assert!(st.is_ok_and(|s| s.success()), "objcopy {args:?}");
-    };
-    objcopy(&[
-        "--only-keep-debug".as_ref(),
-        exe.as_os_str(),
-        debug.as_os_str(),
-    ]);
-    let link = format!("--add-gnu-debuglink={}", debug.display());
-    objcopy(&["--strip-debug".as_ref(), link.as_ref(), exe.as_os_str()]);
+    move_dwarf_to_debug_link(&exe);
     std::os::unix::fs::chown(&app, Some(NOBODY), Some(NOBODY)).unwrap();
     std::os::unix::fs::chown(&exe, Some(NOBODY), Some(NOBODY)).unwrap();
     let r = start(Command::new(&exe), &dir, true);
