@@ -151,9 +151,17 @@ fn reused_stacks_are_exact() {
             profiles.push(stacks_by_name(&p));
             assert_eq!(r.finish(), 0);
         }
-        assert_eq!(
-            profiles[0], profiles[1],
-            "{mode}: reused stacks differ from full walks"
+        let only_in = |a: &Vec<(Vec<String>, i64, i64)>, b: &Vec<(Vec<String>, i64, i64)>| {
+            a.iter()
+                .filter(|x| !b.contains(x))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            profiles[0] == profiles[1],
+            "{mode}: reused stacks differ from full walks\nonly with reuse: {:#?}\nonly without: {:#?}",
+            only_in(&profiles[0], &profiles[1]),
+            only_in(&profiles[1], &profiles[0])
         );
     }
 }
