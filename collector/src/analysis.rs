@@ -105,12 +105,15 @@ pub fn analysis(t: &Source, stage: &dyn Fn(&str)) -> Result<Analysis> {
         Source::Capture(file) => {
             // A file that cannot be read says why (missing, a directory, no permission),
             // before its contents are judged.
-            let f = std::fs::File::open(file)
+            let md = std::fs::metadata(file)
                 .with_context(|| format!("cannot open {}", file.display()))?;
-            if f.metadata().is_ok_and(|m| m.is_dir()) {
+            if md.is_dir() {
                 bail!("{}: a directory, not a graph capture", file.display());
             }
-            drop(f);
+            // Opened without blocking and checked on the descriptor: a FIFO is refused, not
+            // waited on.
+            crate::regions::open_regular(file)
+                .with_context(|| format!("cannot open {}", file.display()))?;
             if !graph::capture::is_capture(file) {
                 bail!(
                 "{}: not a heapdump graph capture (write one with `heapdump graph --by-pid PID -o FILE.hdsnap`)",

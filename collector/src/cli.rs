@@ -622,7 +622,9 @@ impl PushProps {
             );
         }
         let read = |f: &PathBuf, what: &str| -> anyhow::Result<String> {
-            let t = std::fs::read_to_string(f)
+            // Not blocking on a FIFO, and at most 1 MiB (a token is one line).
+            let t = crate::regions::read_regular(f, 1 << 20)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .with_context(|| format!("cannot read the {what} file {}", f.display()))?;
             let t = t.lines().next().unwrap_or("").trim().to_owned();
             if t.is_empty() {

@@ -842,7 +842,7 @@ pub fn merge(parts: &mut [Part<'_>], comments: &[String]) -> pb::Profile {
 pub fn is_gzip(path: &std::path::Path) -> bool {
     use std::io::Read;
     let mut m = [0u8; 2];
-    std::fs::File::open(path)
+    crate::regions::open_regular(path)
         .and_then(|mut f| f.read_exact(&mut m))
         .is_ok()
         && m == [0x1f, 0x8b]
@@ -870,7 +870,10 @@ pub fn read(path: &std::path::Path) -> anyhow::Result<pb::Profile> {
     use anyhow::{bail, Context};
     use prost::Message;
     use std::io::Read;
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // Not blocking, and checked on the descriptor: a FIFO put there (or swapped in after the
+    // caller looked) is an error, not a hang.
+    let f = crate::regions::open_regular(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
     let budget = memory_budget();
     let limit = MAX_PROFILE_BYTES.min(budget);
     let mut buf = Vec::new();

@@ -70,11 +70,14 @@ pub fn check_dir(dir: &Path) -> Result<bool> {
     }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    // Root's own default directory another user created first (`/dev/shm/heapdump-0`): the
-    // shim refuses it (root's programs record nothing there) and its owner controls what is
-    // in it. Another user's directory root names with HEAPDUMP_DIR is read, as documented.
-    let default = std::env::var_os("HEAPDUMP_DIR").is_none_or(|d| d.is_empty());
-    if euid == 0 && default && md.uid() != 0 {
+    // A directory root did not name but heapdump chose — the default `/dev/shm/heapdump-0`,
+    // or `heapdump-0` inside a shared HEAPDUMP_DIR (see `region_dir`) — that another user
+    // created first: the shim refuses it (root's programs record nothing there) and its owner
+    // controls what is in it. Another user's directory root names with HEAPDUMP_DIR itself is
+    // read, as documented.
+    let named = std::env::var_os("HEAPDUMP_DIR").filter(|d| !d.is_empty());
+    let chosen = named.is_none_or(|d| Path::new(&d) != dir);
+    if euid == 0 && chosen && md.uid() != 0 {
         bail!(
             "region directory {} is owned by uid {}, not by root: another user created it, \
              and root's programs cannot record there; remove it (`rm -r {}`) or set \
@@ -661,6 +664,28 @@ pub fn non_regular(path: &Path) -> std::io::Result<Option<&'static str>> {
 /// Errors: the open or read fails; not a regular file (`InvalidInput`); larger than `max`.
 pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
+    let f = open_regular(path)?;
+    let md = f.metadata()?;
+    if md.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} bytes, more than the {max} read at most", md.len()),
+        ));
+    }
+    let mut data = Vec::with_capacity(md.len() as usize);
+    f.take(md.len()).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// Opens `path` for reading only if it is a regular file, without blocking: opened
+/// `O_NONBLOCK` (a FIFO with no writer, or one another user swapped in for the file after a
+/// check by name, does not hang the open) and checked on the descriptor (`fstat`), so what is
+/// read is what was checked. The files heapdump reads as input (profiles, captures) go through
+/// here.
+///
+/// Errors: the open's, or `InvalidInput` naming what it is instead ("a FIFO, not a regular
+/// file").
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
@@ -672,15 +697,7 @@ pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
             format!("{}, not a regular file", file_kind(&md)),
         ));
     }
-    if md.len() > max {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} bytes, more than the {max} read at most", md.len()),
-        ));
-    }
-    let mut data = Vec::with_capacity(md.len() as usize);
-    f.take(md.len()).read_to_end(&mut data)?;
-    Ok(data)
+    Ok(f)
 }
 
 /// Most bytes of an object file (a library, an executable) heapdump reads whole.

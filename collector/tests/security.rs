@@ -811,6 +811,43 @@ fn a_fifo_planted_at_the_output_path_is_refused() {
 /// owner renaming the directory away and putting a link to another directory in its place
 /// (between the listing and the removals) makes gc remove nothing outside it (before: root's
 /// gc removed the same-named file in the directory the link led to).
+/// Files heapdump reads as input (`convert`'s, `report`'s, a capture given to `leaks` or
+/// `top`) are opened without blocking and checked on the descriptor: a FIFO there — planted,
+/// or swapped in by another user after `report` listed a shared directory (helper H, 2) — is
+/// refused at once, where a blocking open waited for a writer for ever.
+#[test]
+fn a_fifo_given_as_input_is_refused_not_waited_on() {
+    let dir = region_dir("input-fifo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("in.pb.gz");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let f = fifo.to_str().unwrap();
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    for (args, says) in [
+        (vec!["convert", f, "-o", o], true),
+        (vec!["report", f, "-o", o], true),
+        (vec!["leaks", f], false),
+        (vec!["top", f], false),
+    ] {
+        let t = heapdump_timeout(&dir, &args, std::time::Duration::from_secs(20));
+        assert!(
+            !t.timed_out && t.code.is_some_and(|c| c != 0),
+            "{args:?}: {t:?}"
+        );
+        if says {
+            assert!(
+                t.stderr.contains("a FIFO, not a regular file"),
+                "{args:?}: {t:?}"
+            );
+        }
+    }
+    assert!(!out.exists(), "an output was written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn gc_removes_nothing_through_a_directory_swapped_for_a_link() {
     let base = region_dir("gc-swap");
@@ -845,6 +882,36 @@ fn gc_removes_nothing_through_a_directory_swapped_for_a_link() {
         "removed through the link: {err}"
     );
     assert!(!away.join(name).exists(), "the listed file stays: {err}");
+}
+
+/// Helper H, 3: with HEAPDUMP_DIR a shared directory (mode 1777, not root's), root's
+/// collector uses `DIR/heapdump-0`; another user who created that first decided what root's
+/// `list` showed and `gc` removed there (root's shim refuses it: root's programs record
+/// nothing). Root now refuses it as it refuses a squatted default directory.
+#[test]
+fn root_refuses_a_heapdump_0_another_user_made_in_a_shared_dir() {
+    if !is_root() {
+        skip_note("skipped: root_refuses_a_heapdump_0_another_user_made_in_a_shared_dir needs root (chown)");
+        return;
+    }
+    let shared = region_dir("shared-squat");
+    std::fs::create_dir_all(&shared).unwrap();
+    mode(&shared, 0o1777);
+    let squat = shared.join("heapdump-0");
+    std::fs::create_dir_all(&squat).unwrap();
+    mode(&squat, 0o700);
+    std::fs::write(squat.join("4242-777-999999.heapdump"), b"planted").unwrap();
+    std::os::unix::fs::chown(&squat, Some(NOBODY), Some(NOBODY)).unwrap();
+    for args in [vec!["list"], vec!["gc"]] {
+        let t = heapdump_timeout(&shared, &args, std::time::Duration::from_secs(30));
+        assert_eq!(t.code, Some(1), "{args:?}: {t:?}");
+        assert!(
+            t.stderr.contains("is owned by uid 65534, not by root"),
+            "{args:?}: {t:?}"
+        );
+    }
+    assert!(squat.join("4242-777-999999.heapdump").exists());
+    std::fs::remove_dir_all(&shared).unwrap();
 }
 
 /// Helper E, F4: a module file in a directory another user owns, swapped for a FIFO after the

@@ -565,6 +565,29 @@ fn a_thread_starting_in_pthread_getattr_np_runs_and_is_recorded() {
     }
 }
 
+/// A program confined by a seccomp filter that makes the shim's own system calls fail with
+/// EPERM (`prctl`, `process_vm_readv`, `sched_getaffinity`; helper H, 1): every `malloc` and
+/// `free` leaves errno as the program set it (the thread-name refresh every 65,536th call
+/// left EPERM), and threads whose stack bounds glibc cannot give (`pthread_getattr_np`
+/// fails) still get complete stacks (their bounds from `/proc/self/maps`).
+#[test]
+fn a_seccomp_filter_refusing_the_shims_calls_changes_nothing() {
+    let exe = compile_c("seccomp_eperm", &["-fno-optimize-sibling-calls"]);
+    for unwind in ["dwarf", "fp"] {
+        let dir = region_dir(&format!("seccomp-{unwind}"));
+        let mut cmd = Command::new(&exe);
+        cmd.env("HEAPDUMP_UNWIND", unwind);
+        let r = start(cmd, &dir, true);
+        assert_eq!(r.ready[3], "0", "{unwind}: calls that changed errno");
+        let p = decode(&snapshot(&dir, r.pid(), &[]));
+        for f in ["thread_blocks", "thread_main"] {
+            let s = sum_through(&p, f);
+            assert_eq!([s[2], s[3]], [400, 400_000], "{unwind}: blocks through {f}");
+        }
+        assert_eq!(r.finish(), 0);
+    }
+}
+
 /// Another allocator preloaded after the shim (jemalloc, or linked in as redis is): the
 /// shim's blocks are glibc's, and `malloc_usable_size` forwards to glibc's own, not to the
 /// next definition (jemalloc's crashed on a glibc block: redis-server died at start-up).

@@ -296,6 +296,38 @@ fn maps_lines(buf: &mut [u8; 8192], mut f: impl FnMut(&[u8]) -> bool) -> bool {
     true
 }
 
+/// The bounds of the calling thread's stack from `/proc/self/maps`, for when glibc's
+/// `pthread_getattr_np` fails (a seccomp filter refusing its `sched_getaffinity`): `[lo, tcb)`
+/// where `lo` starts the readable mapping holding both `sp` and `tcb`, the thread's descriptor
+/// (`pthread_self()`), which glibc keeps at the top of the thread's stack block, above every
+/// frame — so the mapping found is the thread's own stack, which lives as long as the thread,
+/// not a coroutine's that may be unmapped. `None` when no such mapping (or the file cannot
+/// be read). No allocation; keeps errno.
+pub fn thread_stack_from_maps(sp: usize, tcb: usize) -> Option<(usize, usize)> {
+    if sp >= tcb {
+        return None;
+    }
+    let _held = LOCK.lock();
+    let mut found = None;
+    for_each_maps_line(|line| {
+        let Some((lo, hi, _, _, _)) = parse_maps_line(line) else {
+            return false;
+        };
+        let readable = line
+            .split(|&c| c == b' ')
+            .nth(1)
+            .is_some_and(|p| p.first() == Some(&b'r'));
+        if (lo as usize) <= sp && sp < hi as usize {
+            if readable && tcb < hi as usize {
+                found = Some((lo as usize, tcb));
+            }
+            return true;
+        }
+        false
+    });
+    found
+}
+
 /// One line of `/proc/self/maps`, split: `(lo, hi, executable, file offset, path)`; `None`
 /// for a line that does not parse.
 fn parse_maps_line(line: &[u8]) -> Option<(u64, u64, bool, u64, &[u8])> {

@@ -282,10 +282,17 @@ pub fn refresh_modules() {
     }
 }
 
+/// The calling thread's name (`PR_GET_NAME`; all zero if refused). errno is kept: [`tick`]
+/// asks from inside `malloc` and `free`, and a seccomp filter may refuse `prctl` (helper H, 1:
+/// a successful `malloc` left errno `EPERM`).
 fn thread_name() -> [u8; 16] {
     let mut name = [0u8; 16];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
-    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer; errno is restored.
+    unsafe {
+        let saved = *libc::__errno_location();
+        libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr());
+        *libc::__errno_location() = saved;
+    }
     name
 }
 

@@ -34,7 +34,7 @@ pub fn run(a: Options) -> Result<()> {
         if pprof::is_gzip(&a.capture) {
             return convert_profile(&a);
         }
-        std::fs::File::open(&a.capture)
+        crate::regions::open_regular(&a.capture)
             .with_context(|| format!("cannot open {}", a.capture.display()))?;
         bail!(
             "{}: neither a graph capture (written by `heapdump graph --by-pid PID -o \

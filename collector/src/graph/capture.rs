@@ -345,7 +345,7 @@ fn write_counted(
 /// from a process name). Unreadable or short files are not captures.
 pub fn is_capture(path: &Path) -> bool {
     let mut m = [0u8; 8];
-    std::fs::File::open(path)
+    crate::regions::open_regular(path)
         .and_then(|mut f| f.read_exact(&mut m))
         .is_ok()
         && m == MAGIC
@@ -355,7 +355,9 @@ pub fn is_capture(path: &Path) -> bool {
 /// this heapdump (reads v1); upgrade heapdump`, `PATH: capture is truncated (…)`, `PATH:
 /// capture is corrupt: …`, `PATH: not a heapdump capture …`, or the open error.
 pub fn read(path: &Path) -> Result<Capture> {
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // Not blocking, and checked on the descriptor (see `regions::open_regular`).
+    let f = crate::regions::open_regular(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
     let len = f.metadata().map(|m| m.len()).ok();
     read_from(BufReader::with_capacity(1 << 16, f), len).with_context(|| path.display().to_string())
 }
