@@ -230,8 +230,16 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
             thread: b.thread,
         })
         .collect();
-    let (g, stats) =
-        graph::scan::build(info.pid, blocks, &c.modules, &path, stopped.as_ref(), stage)?;
+    let private = c.private_ranges();
+    let (g, stats) = graph::scan::build(
+        info.pid,
+        blocks,
+        &c.modules,
+        &path,
+        &private,
+        stopped.as_ref(),
+        stage,
+    )?;
     // The process checked when the region was opened must still be the one read: not gone,
     // not a zombie, its pid not reused by another.
     if regions::proc_start_ticks(info.pid) != Some(info.start_ticks)

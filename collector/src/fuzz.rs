@@ -120,6 +120,7 @@ proptest! {
             gb,
             &[],
             std::path::Path::new("/nonexistent/region"),
+            &[],
             None,
             &|_| {},
         )

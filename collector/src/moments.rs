@@ -44,13 +44,29 @@ pub fn find_named<'a>(list: &'a [NamedSnapshot], spec: &str) -> Result<&'a Named
              heapdump_take_named_snapshot(\"NAME\") from heapdump.h)"
         )
     }
+    // At most 12 names shown, the first and the last (helper G, 5: 256 names on one line).
+    let shown: Vec<String> = if names.len() <= 12 {
+        names.iter().map(|n| format!("{n:?}")).collect()
+    } else {
+        (names[..6].iter().map(|n| format!("{n:?}")))
+            .chain([format!("… {} more …", names.len() - 12)])
+            .chain(names[names.len() - 6..].iter().map(|n| format!("{n:?}")))
+            .collect()
+    };
+    // A full table refuses the calls after it (helper G, 5: a name taken after it filled
+    // was "not found", with no word of why).
+    let full = if list.len() as u64 >= vmo_layout::v1::Capacities::default().named {
+        format!(
+            "; its table of named snapshots is full ({} entries): later calls of \
+             heapdump_take_named_snapshot were refused",
+            list.len()
+        )
+    } else {
+        String::new()
+    };
     bail!(
-        "no named snapshot {spec:?}; the process took: {}",
-        names
-            .iter()
-            .map(|n| format!("{n:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "no named snapshot {spec:?}; the process took: {}{full}",
+        shown.join(", ")
     )
 }
 

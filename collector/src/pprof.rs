@@ -271,7 +271,9 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
     let thread_names: HashMap<u32, &str> =
         c.threads.iter().map(|t| (t.tid, t.name.as_str())).collect();
     let thread_label = |s: &mut Strings, tid: u32| -> pb::Label {
-        let name = thread_names.get(&tid).copied().unwrap_or("");
+        // A thread whose slot another thread took since: it has exited (helper G, 6: the
+        // label was " (13116)").
+        let name = thread_names.get(&tid).copied().unwrap_or("exited thread");
         pb::Label {
             key: s.id("thread"),
             str: s.id(&format!("{name} ({tid})")),
@@ -638,8 +640,10 @@ pub fn encode_gz(p: &pb::Profile) -> anyhow::Result<Vec<u8>> {
 /// A profile of live blocks named by function only (no addresses or mappings): what a
 /// reference-graph capture (`.hdsnap`) holds, which records each stack trace as function
 /// names. `stacks`: names per stack id, innermost first; `samples`: (stack id, blocks, bytes).
-/// Sample types as [`build`]'s (`alloc_*` equal to `inuse_*`: a capture has no cumulative
-/// counts); `comments` become the profile's comments.
+/// Sample types `inuse_objects` and `inuse_space` only: a capture, a leak report or a
+/// difference has no cumulative counts, and `alloc_*` equal to the live values (as written
+/// before) read as wrong numbers (helper G, 4: 5,001 "allocations" for 10,001);
+/// `comments` become the profile's comments.
 pub fn from_names(
     stacks: &HashMap<u32, Vec<String>>,
     samples: impl Iterator<Item = (u32, u64, u64)>,
@@ -647,7 +651,13 @@ pub fn from_names(
 ) -> pb::Profile {
     let mut s = Strings::new();
     let mut p = pb::Profile::default();
-    heap_sample_types(&mut s, &mut p);
+    for (t, u) in [("inuse_objects", "count"), ("inuse_space", "bytes")] {
+        p.sample_type.push(pb::ValueType {
+            r#type: s.id(t),
+            unit: s.id(u),
+        });
+    }
+    p.default_sample_type = s.id("inuse_space");
     let mut functions: HashMap<String, u64> = HashMap::new();
     let mut locations_of: HashMap<u32, Vec<u64>> = HashMap::new();
     for (stack, blocks, bytes) in samples {
@@ -686,7 +696,7 @@ pub fn from_names(
         let (b, n) = (blocks as i64, bytes as i64);
         p.sample.push(pb::Sample {
             location_id: locs.clone(),
-            value: vec![b, n, b, n],
+            value: vec![b, n],
             label: Vec::new(),
         });
     }
@@ -1273,7 +1283,7 @@ mod tests {
         );
         let s = |i: i64| m.string_table[i as usize].as_str();
         assert_eq!(m.string_table[0], "");
-        assert_eq!(m.sample_type.len(), 4);
+        assert_eq!(m.sample_type.len(), 2);
         assert_eq!(s(m.default_sample_type), "inuse_space");
         // Ids are unique, and each sample's stack names its own process's functions.
         let mut ids: Vec<u64> = m.location.iter().map(|l| l.id).collect();
@@ -1304,7 +1314,7 @@ mod tests {
                     fname(x.location_id[0]),
                     label("process_name"),
                     label("pid"),
-                    x.value[3],
+                    x.value[1],
                 )
             })
             .collect();

@@ -1069,6 +1069,68 @@ fn maps_deleted_region(pid: u32) -> bool {
     })
 }
 
+/// Running processes that map a region file, by the file's (device, inode) as
+/// `/proc/PID/maps` gives them (major, minor, inode): the region of a process in another PID
+/// namespace (a container) is named after its pid there, so by its name it looks like a dead
+/// process's, while the process maps it. Processes whose maps cannot be read are left out.
+pub fn region_mappers() -> std::collections::HashMap<(u32, u32, u64), u32> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        for l in maps.lines() {
+            let path = l.trim_end().trim_end_matches(" (deleted)");
+            if !path.ends_with(".heapdump") {
+                continue;
+            }
+            let mut f = l.split_whitespace().skip(3);
+            let (Some(dev), Some(ino)) = (f.next(), f.next()) else {
+                continue;
+            };
+            let Some((maj, min)) = dev.split_once(':') else {
+                continue;
+            };
+            if let (Ok(maj), Ok(min), Ok(ino)) = (
+                u32::from_str_radix(maj, 16),
+                u32::from_str_radix(min, 16),
+                ino.parse::<u64>(),
+            ) {
+                out.insert((maj, min, ino), pid);
+            }
+        }
+    }
+    out
+}
+
+/// The (major, minor, inode) of file `md`, as `/proc/PID/maps` writes them (glibc's `dev_t`
+/// encoding).
+pub fn maps_id(md: &std::fs::Metadata) -> (u32, u32, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let d = md.dev();
+    let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
+    let minor = (d & 0xff) | ((d >> 12) & !0xff);
+    (major as u32, minor as u32, md.ino())
+}
+
+/// The region file process `pid` maps and has not removed (`/proc/PID/maps`: a path ending in
+/// `.heapdump`), if any: where it records when that is not the region directory of this
+/// collector (helper I, 6: attached with another HEAPDUMP_DIR, the process was called not
+/// instrumented and `attach` answered that it already was).
+fn mapped_region_path(pid: u32) -> Option<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|l| {
+        let path = &l[l.find('/')?..];
+        path.ends_with(".heapdump").then(|| path.to_owned())
+    })
+}
+
 /// The region file `target` names: a pid's (the running image's, else the newest), a command
 /// name's (unique, or the only running one), or a file given as is (its [`RegionFile`] then
 /// unknown).
@@ -1094,6 +1156,21 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                          heapdump's are running; to read a process at its exit, run it with \
                          HEAPDUMP_KEEP=1 (the region then stays readable, and recording, until \
                          the process is gone)"
+                    );
+                }
+                if let Some(file) = mapped_region_path(*pid) {
+                    let elsewhere = Path::new(&file)
+                        .parent()
+                        .map(|d| d.display().to_string())
+                        .unwrap_or_default();
+                    bail!(
+                        "process {pid} records into {}, not {}: its region is {}; set \
+                         HEAPDUMP_DIR={} (the directory it was started or attached with), or \
+                         name the file with --region",
+                        shown(&elsewhere),
+                        region_dir().display(),
+                        shown(&file),
+                        shown(&elsewhere)
                     );
                 }
                 if proc_start_ticks(*pid).is_some() {

@@ -24,7 +24,12 @@ use regex::Regex;
 /// (alternatives joined with `|`). Sources: glibc's malloc family and `strdup`; libstdc++'s
 /// `operator new`; CPython's `Objects/obmalloc.c` and `Modules/gcmodule.c`; perl's
 /// `util.c` (`Perl_safesys*`); GLib's `gmem.c`; GNU's `xmalloc.c`; Rust's `alloc` crate and
-/// the `__rust_alloc` shims the compiler emits.
+/// the `__rust_alloc` shims the compiler emits; the C++ standard library's own functions
+/// (`std::`, `__gnu_cxx::`: `std::__new_allocator<T>::allocate`, `std::vector<T>::
+/// _M_realloc_insert`, `std::__cxx11::basic_string<…>::_M_create`, `std::make_shared`, …,
+/// with the `void ` a demangled member template's name starts with), as Rust's `alloc::`:
+/// helper G found every container's block charged to `std::__new_allocator<char>::allocate`,
+/// one site for all its callers.
 pub const DEFAULT_WRAPPERS: &str = concat!(
     r"(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc",
     r"|__libc_\w+|strdup|strndup|__strdup|__strndup|wcsdup",
@@ -34,7 +39,8 @@ pub const DEFAULT_WRAPPERS: &str = concat!(
     r"|Perl_safesys\w+|g_malloc\w*|g_realloc\w*|g_try_malloc\w*|g_slice_alloc\w*|g_new\w*",
     r"|xmalloc|xcalloc|xrealloc|xstrdup|xzalloc",
     r"|__rust_alloc\w*|__rust_realloc|__rdl_\w+|__rg_\w+|alloc::.*|<alloc::.*|std::alloc::.*",
-    r"|<\w+ as core::alloc::global::GlobalAlloc>::\w+)"
+    r"|<\w+ as core::alloc::global::GlobalAlloc>::\w+",
+    r"|(?:void )?(?:std|__gnu_cxx)::.*)"
 );
 
 /// Where a stack trace's script frames are, for naming its site (see the module docs):
@@ -274,6 +280,27 @@ mod tests {
         assert_eq!(
             s.site(&names(&["Perl_safesysmalloc", "Perl_newSV"])),
             "Perl_newSV"
+        );
+        // libstdc++'s layers between `operator new` and the program (helper G, 3).
+        assert_eq!(
+            s.site(&names(&[
+                "operator new(unsigned long)",
+                "std::__new_allocator<char>::allocate(unsigned long, void const*)",
+                "void std::vector<char, std::allocator<char> >::_M_realloc_insert<char const&>(__gnu_cxx::__normal_iterator<char*, std::vector<char, std::allocator<char> > >, char const&)",
+                "std::vector<char, std::allocator<char> >::push_back(char const&)",
+                "fill_cache(int)",
+                "main"
+            ])),
+            "fill_cache(int)"
+        );
+        assert_eq!(
+            s.site(&names(&[
+                "operator new(unsigned long)",
+                "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_create(unsigned long&, unsigned long)",
+                "__gnu_cxx::__aligned_buffer<int>::_M_addr()",
+                "Cache::put(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)",
+            ])),
+            "Cache::put(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)"
         );
         // `mallocx_wrapper` is not `malloc`: the pattern is anchored.
         assert_eq!(

@@ -230,6 +230,175 @@ fn attach_walk_matches_mallinfo2() {
     assert_eq!(r.finish(), 0);
 }
 
+/// Helper I, 6: a process recording into another directory than the collector's (attached,
+/// or started, with another HEAPDUMP_DIR) was called "not instrumented … attach it", and
+/// `attach` then answered that it already was. The message now names the directory and
+/// the region file it records into.
+#[test]
+fn a_process_recording_elsewhere_is_named_with_its_directory() {
+    let dir = region_dir("elsewhere");
+    let other = region_dir("elsewhere-collector");
+    std::fs::create_dir_all(&other).unwrap();
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let r = start(Command::new(exe), &dir, true);
+    let out = other.join("s.pb.gz");
+    let (ok, so, se) = heapdump_cmd(
+        &other,
+        &[
+            "snapshot",
+            "--by-pid",
+            &r.pid().to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok, "{so}");
+    assert!(
+        se.contains(&format!("records into {}", dir.display())) && se.contains("--region"),
+        "{se}"
+    );
+    assert!(!se.contains("attach --by-pid"), "{se}");
+    assert_eq!(r.finish(), 0);
+}
+
+/// The host pid of the one child of `parent` (`unshare --fork`'s).
+fn only_child(parent: u32) -> u32 {
+    for _ in 0..200 {
+        let c = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        if let Some(p) = c.split_whitespace().next() {
+            return p.parse().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("unshare started no child");
+}
+
+/// Helper I, 1: a process in another PID namespace (a container) names its region after its
+/// pid there (1). `attach` from outside succeeded, then nothing could find the process again
+/// and `gc` removed its live region. Now `attach` refuses such a target up front, saying how
+/// to run heapdump inside its namespaces, and `gc` leaves a region alone while a running
+/// process maps it.
+#[test]
+fn a_process_in_another_pid_namespace_is_refused_and_its_region_kept() {
+    if !can_run("a_process_in_another_pid_namespace_is_refused_and_its_region_kept") {
+        return;
+    }
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        skip_note("skipped: a_process_in_another_pid_namespace_is_refused_and_its_region_kept: unshare --pid fails here (needs root)");
+        return;
+    }
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    for preload in [false, true] {
+        let dir = region_dir(&format!("other-pidns-{preload}"));
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc"]).arg(&exe);
+        let r = start(cmd, &dir, preload);
+        assert_eq!(r.pid(), 1, "the program's pid in its namespace");
+        let host = only_child(r.child.id());
+        if preload {
+            // Its region is named after pid 1: gc leaves it, the process mapping it.
+            let before: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(
+                before.iter().any(|n| n.to_string_lossy().starts_with("1-")),
+                "{before:?}"
+            );
+            let (ok, so, se) = heapdump_cmd(&dir, &["gc"]);
+            assert!(ok, "gc: {so}{se}");
+            assert!(
+                se.contains(&format!("still mapped by running process {host}")),
+                "{se}"
+            );
+            let after: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(
+                after.iter().any(|n| n.to_string_lossy().starts_with("1-")),
+                "gc removed the live region: {so}{se}"
+            );
+        } else {
+            let (ok, so, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &host.to_string()]);
+            assert!(!ok, "attach succeeded: {so}");
+            assert!(
+                se.contains("another PID namespace") && se.contains("nsenter"),
+                "{se}"
+            );
+        }
+        assert_eq!(r.finish(), 0);
+    }
+}
+
+/// Helper I, 2: `watch --by-pid` of an attached process said "exited; no longer watched"
+/// at a `heapdump detach` and ended, the process running on. It now says the process is
+/// detached, keeps watching, and takes snapshots again once it is attached again.
+#[test]
+fn a_watch_follows_a_process_through_detach_and_attach() {
+    if !can_run("a_watch_follows_a_process_through_detach_and_attach") {
+        return;
+    }
+    let dir = region_dir("watch-detach");
+    let out = dir.with_extension("out");
+    let _ = std::fs::remove_dir_all(&out);
+    let mut r = target(&dir, None);
+    let pid = r.pid();
+    program_blocks(&mut r);
+    attach(&dir, pid);
+    let mut watch = Command::new(heapdump())
+        .args(["watch", "--by-pid", &pid.to_string(), "--every", "1s", "-o"])
+        .arg(&out)
+        .env("HEAPDUMP_DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(2500));
+    pause();
+    let (ok, so, se) = heapdump_cmd(&dir, &["detach", "--by-pid", &pid.to_string()]);
+    assert!(ok, "detach failed: {so}{se}");
+    pause();
+    if let Ok(Some(st)) = watch.try_wait() {
+        let o = watch.wait_with_output().unwrap();
+        panic!(
+            "the watch ended ({st}): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let files_detached = std::fs::read_dir(&out).unwrap().count();
+    pause();
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        files_detached,
+        "snapshots were written while detached"
+    );
+    attach(&dir, pid);
+    pause();
+    // SAFETY: kill of our own child.
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    let o = watch.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("detached (heapdump detach)"), "{err}");
+    assert!(err.contains("attached again; watching"), "{err}");
+    assert!(
+        !err.contains("exited") && !err.contains("watch ends"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(&out).unwrap().count() > files_detached,
+        "no snapshot after the second attach: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(r.finish(), 0);
+}
+
 /// After `detach` the program's allocations are no longer recorded, the region stays
 /// readable, and the program exits 0.
 #[test]

@@ -106,10 +106,7 @@ fn planted_leaks_found_exactly_and_as_leaksanitizer_reports_them() {
     );
     // The pprof profile of the leaked blocks.
     let p = decode(&out_pb);
-    let total: [i64; 2] = p
-        .sample
-        .iter()
-        .fold([0, 0], |a, s| [a[0] + s.value[2], a[1] + s.value[3]]);
+    let total: [i64; 2] = inuse_totals(&p);
     assert_eq!(total, [16, 800]);
     assert_eq!(r.finish(), 0);
 
@@ -582,6 +579,17 @@ fn stop_mode_is_exact_and_the_program_resumes_even_if_heapdump_is_killed() {
 }
 
 /// Capture once, analyse many times: `graph -o FILE.hdsnap` of a running process, then
+/// A profile's (inuse_objects, inuse_space) totals, found by sample type.
+fn inuse_totals(p: &heapdump_proto::Profile) -> [i64; 2] {
+    let at = |t: &str| {
+        (p.sample_type.iter())
+            .position(|st| p.string_table[st.r#type as usize] == t)
+            .expect("sample type")
+    };
+    let (o, b) = (at("inuse_objects"), at("inuse_space"));
+    (p.sample.iter()).fold([0, 0], |a, s| [a[0] + s.value[o], a[1] + s.value[b]])
+}
+
 /// `leaks`, `retainers`, `top` and `convert` on the file give what they give on the process.
 #[test]
 fn a_capture_file_answers_as_the_live_process_does() {
@@ -617,10 +625,7 @@ fn a_capture_file_answers_as_the_live_process_does() {
         "{err}"
     );
     let p = decode(&pb);
-    let t = p
-        .sample
-        .iter()
-        .fold([0, 0], |a, s| [a[0] + s.value[2], a[1] + s.value[3]]);
+    let t = inuse_totals(&p);
     assert_eq!(t, [16, 800]);
     let (ok, _, err) = heapdump_cmd(&dir, &["convert", capf, "-o", pb.to_str().unwrap()]);
     assert!(ok, "{err}");
@@ -630,7 +635,9 @@ fn a_capture_file_answers_as_the_live_process_does() {
         "{err}"
     );
     let p = decode(&pb);
-    assert_eq!(p.sample.iter().map(|s| s.value[2]).sum::<i64>(), 28);
+    // inuse_objects, inuse_space: a capture has no cumulative counts (helper G, 4).
+    assert_eq!(p.sample_type.len(), 2);
+    assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 28);
     assert_eq!(sum_through(&p, "make_lost")[2..], [3, 216]);
     let svg = dir.with_extension("capture.svg");
     let (ok, _, err) = heapdump_cmd(&dir, &["convert", capf, "-o", svg.to_str().unwrap()]);

@@ -119,10 +119,14 @@ fn a_region_planted_by_another_user_is_refused_by_every_command() {
         assert!(!t.timed_out && t.code == Some(1), "{args:?}: {t:?}");
         let lines: Vec<&str> = t.stderr.lines().collect();
         assert_eq!(lines.len(), 1, "{args:?}: one line: {}", t.stderr);
+        // Named with --region, the file is refused as another user's region of root's
+        // process; reached through the directory, the directory itself is (helper H, 3).
         assert!(
-            lines[0].contains("foreign region")
+            (lines[0].contains("foreign region")
                 && lines[0].contains("owned by uid 65534")
-                && lines[0].contains(&format!("pid {pid} runs as uid 0")),
+                && lines[0].contains(&format!("pid {pid} runs as uid 0")))
+                || (!args.contains(&"--region")
+                    && lines[0].contains("is owned by uid 65534, not by root")),
             "{args:?}: {}",
             t.stderr
         );
@@ -134,10 +138,7 @@ fn a_region_planted_by_another_user_is_refused_by_every_command() {
         std::time::Duration::from_secs(60),
     );
     assert_eq!(t.code, Some(1), "{t:?}");
-    let skipped: Vec<&str> = (t.stderr.lines())
-        .filter(|l| l.contains("skipped") && l.contains("foreign region"))
-        .collect();
-    assert_eq!(skipped.len(), 1, "{}", t.stderr);
+    assert!(t.stderr.contains("not by root"), "{}", t.stderr);
     let t = heapdump_timeout(
         &shared,
         &[
@@ -152,26 +153,17 @@ fn a_region_planted_by_another_user_is_refused_by_every_command() {
         ],
         std::time::Duration::from_secs(60),
     );
-    assert!(t.stderr.contains("foreign region"), "{t:?}");
+    assert!(t.stderr.contains("not by root"), "{t:?}");
     // Nothing was written: no profile, no block contents.
     let mut written: Vec<String> = walk(&out);
     written.retain(|f| !f.ends_with("/w") && !f.ends_with("/wm"));
     assert!(written.is_empty(), "written: {written:?}");
-    // `list` says so.
-    let (ok, stdout, _) = heapdump_cmd(&shared, &["list", "--json"]);
-    assert!(ok);
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    let e = (v.as_array().unwrap().iter())
-        .find(|e| e["pid"] == pid)
-        .expect("listed");
-    assert_eq!(e["status"], "foreign", "{e}");
-    assert!(e["foreign"].as_str().unwrap().contains("uid 65534"), "{e}");
-    let (ok, stdout, _) = heapdump_cmd(&shared, &["list"]);
-    assert!(ok);
-    let line = (stdout.lines())
-        .find(|l| l.split_whitespace().next() == Some(p.as_str()))
-        .unwrap();
-    assert_eq!(line.split_whitespace().nth(1), Some("foreign"), "{stdout}");
+    // `list` refuses the directory too, saying why.
+    let (ok, _, err) = heapdump_cmd(&shared, &["list", "--json"]);
+    assert!(
+        !ok && err.contains("is owned by uid 65534, not by root"),
+        "{err}"
+    );
     // The real region, in root's own directory, is read as usual.
     let (ok, _, err) = heapdump_cmd(&own, &["snapshot", "--by-pid", &p, "-o", &o("ok.pb.gz")]);
     assert!(ok, "{err}");
@@ -455,7 +447,8 @@ fn a_slow_push_server_never_delays_a_beat() {
     );
     assert_eq!(t.code, Some(0), "{t:?}");
     assert!(
-        t.stderr.contains("4 beats (0 skipped), 4 files written"),
+        t.stderr
+            .contains("4 beats (0 more skipped), 4 files written"),
         "{}",
         t.stderr
     );

@@ -1023,11 +1023,32 @@ fn frame_memo(t: &Tls) -> Option<*mut FrameMemo> {
             p = MEMO_NONE as *mut FrameMemo;
         }
         t.py_memo.set(p);
+        state::note_private(t);
     }
     if p as usize == MEMO_NONE {
         return None;
     }
     Some(p)
+}
+
+/// The thread's frame memo and stack memo mappings (start, bytes; (0, 0) when not mapped):
+/// they keep copies of interpreter pointers, so they are not roots of the reference graph
+/// (see `state::note_private`).
+pub(crate) fn private_ranges(t: &Tls) -> [(u64, u64); 2] {
+    let f = t.py_memo.get();
+    let s = t.py_stacks.get();
+    [
+        if f.is_null() || f as usize == MEMO_NONE {
+            (0, 0)
+        } else {
+            (f as u64, std::mem::size_of::<FrameMemo>() as u64)
+        },
+        if s.is_null() || s as usize == STACKS_NONE {
+            (0, 0)
+        } else {
+            (s as u64, std::mem::size_of::<StackMemo>() as u64)
+        },
+    ]
 }
 
 /// Unmaps a thread's frame memo (its exit handler).
@@ -1247,6 +1268,7 @@ fn stack_memo(t: &Tls) -> Option<*mut StackMemo> {
             p = STACKS_NONE as *mut StackMemo;
         }
         t.py_stacks.set(p);
+        state::note_private(t);
     }
     if p as usize == STACKS_NONE {
         return None;

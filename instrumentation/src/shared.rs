@@ -359,6 +359,7 @@ impl Tls {
                 return None;
             }
             self.dwarf_cache.set(c);
+            crate::state::note_private(self);
         }
         Some(c)
     }

@@ -184,6 +184,9 @@ pub struct ThreadInfo {
     pub name: String,
     /// Whether the slot is owned by a running thread.
     pub running: bool,
+    /// The shim's private memory of the thread that holds copies of the program's words
+    /// (`ThreadSlotV1::private`): (start, bytes), nonempty ranges only, each within user space.
+    pub private: Vec<(u64, u64)>,
 }
 
 /// A module (ELF object) of the process.
@@ -1177,10 +1180,24 @@ impl<'a> Region<'a> {
             let mut name = [0u8; 16];
             name[..8].copy_from_slice(&s.name[0].load(Ordering::Relaxed).to_ne_bytes());
             name[8..].copy_from_slice(&s.name[1].load(Ordering::Relaxed).to_ne_bytes());
+            let private = (0..crate::v1::THREAD_PRIVATE_RANGES)
+                .map(|k| {
+                    (
+                        s.private[2 * k].load(Ordering::Relaxed),
+                        s.private[2 * k + 1].load(Ordering::Relaxed),
+                    )
+                })
+                .filter(|&(a, n)| {
+                    n != 0
+                        && a.checked_add(n)
+                            .is_some_and(|e| e <= crate::check::USER_END)
+                })
+                .collect();
             out.push(ThreadInfo {
                 tid: s.tid.load(Ordering::Relaxed),
                 name: c_string(&name),
                 running: s.state.load(Ordering::Relaxed) == SLOT_USED,
+                private,
             });
         });
         out

@@ -397,8 +397,15 @@ pub struct ThreadSlotV1 {
     /// (`u32::MAX`: none); see [`FLAG_OP_NODE`].
     pub op_node: AtomicU32,
     _reserved0: u32,
-    _reserved: [u64; 6],
+    /// The owner's private memory of the shim that holds copies of the program's words (its
+    /// stack-walk memo: saved `rbp` values, which code built without frame pointers uses for
+    /// heap pointers; its Python frame memos): up to [`THREAD_PRIVATE_RANGES`] (start,
+    /// bytes) pairs, (0, 0) unused. Not roots of the reference graph: a stale copy there
+    /// would keep a leaked block reachable. Zero in regions of older writers (none known).
+    pub private: [AtomicU64; 6],
 }
+/// (start, bytes) pairs in [`ThreadSlotV1::private`].
+pub const THREAD_PRIVATE_RANGES: usize = 3;
 const _: () = assert!(offset_of!(ThreadSlotV1, op_node) == 72);
 const _: () = assert!(size_of::<ThreadSlotV1>() == 128);
 /// `ThreadSlotV1::state`: never used or released by an exited thread.

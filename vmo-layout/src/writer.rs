@@ -776,9 +776,25 @@ impl RegionWriter {
         slot.name[1].store(u64::from_ne_bytes(b.try_into().unwrap()), Ordering::Relaxed);
     }
 
-    /// Returns slot `index` to the pool (its counters stay, cumulative).
+    /// Returns slot `index` to the pool (its counters stay, cumulative; its private ranges
+    /// are cleared).
     pub fn release_thread(&self, index: u32) {
-        self.thread(index).state.store(SLOT_FREE, Ordering::Release);
+        let slot = self.thread(index);
+        for w in &slot.private {
+            w.store(0, Ordering::Relaxed);
+        }
+        slot.state.store(SLOT_FREE, Ordering::Release);
+    }
+
+    /// Stores private range `k` (< [`crate::v1::THREAD_PRIVATE_RANGES`]) of slot `index`:
+    /// `bytes` of the shim's memory at `start` that hold copies of the program's words (see
+    /// [`ThreadSlotV1::private`]); (0, 0) clears it.
+    pub fn set_thread_private(&self, index: u32, k: usize, start: u64, bytes: u64) {
+        let slot = self.thread(index);
+        if let Some(w) = slot.private.get(2 * k..2 * k + 2) {
+            w[0].store(start, Ordering::Relaxed);
+            w[1].store(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Starts an insert/erase of record `node` (`u32::MAX`: none) on the caller's own slot.

@@ -127,7 +127,8 @@
       var tr = el("tr", { class: "growth-row" }, [
         el("td", { text: String(i + 1) }),
         el("td", { class: "site", text: g.site, title: g.site }),
-        el("td", { class: "num", text: (g.median_slope >= 0 ? "+" : "") + bytes(g.median_slope) + "/s" }),
+        el("td", { class: "num", text: (g.median_slope >= 0 ? "+" : "") + bytes(g.median_slope) + "/s" +
+          (g.since > 0 ? " since " + g.since.toFixed(0) + " s" : "") }),
         el("td", { class: "num", text: (g.slope >= 0 ? "+" : "") + bytes(g.slope) + "/s" }),
         el("td", { class: "num", text: g.r2.toFixed(2) }),
         el("td", { class: "num", text: Math.round(g.grew * 100) + "%" }),
@@ -341,7 +342,9 @@
       "line slope: least squares; R²: how straight a line it is (1 = steady); grew: the share " +
       "of intervals that grew. Ranked by median slope × R² × how evenly the growth is " +
       "spread over the intervals: a leak ranks high; a flat cache, a passing burst or a " +
-      "one-off step low." }));
+      "one-off step low. A site that reached a new high recently is also scored over its " +
+      "last half, quarter, … of the snapshots (at least 5): a leak that began late ranks by " +
+      "its growth there (\"since N s\": the figures are that stretch's)." }));
     var gt = growthTable(p);
     sec.appendChild(gt);
     sec.appendChild(el("h3", { text: "Flame graph" }));

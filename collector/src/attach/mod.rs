@@ -466,6 +466,36 @@ fn unmap_stub(held: &mut Held, tid: u32, gadget: u64, pages: [u64; 2]) {
 }
 
 /// Finds the target's pid.
+/// Refuses a target in another PID namespace than heapdump's (a container): the shim names
+/// its region after the pid the process has there (`getpid()`, often 1), which no command
+/// run here can match to the pid given, so `snapshot --by-pid` would call it not
+/// instrumented and `gc` take its region for a dead process's (helper I, 1). Unknown
+/// namespaces (no `/proc/PID/ns/pid` to read) are let through.
+fn refuse_other_pid_namespace(pid: u32) -> Result<()> {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let (Some(mine), Some(theirs)) = (ns("self"), ns(&pid.to_string())) else {
+        return Ok(());
+    };
+    if mine == theirs {
+        return Ok(());
+    }
+    let inner = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last().map(str::to_owned))
+        })
+        .unwrap_or_else(|| "?".to_owned());
+    bail!(
+        "cannot attach to pid {pid}: it runs in another PID namespace (a container), where its \
+         pid is {inner}; its region would be named after that pid, which heapdump cannot match \
+         from here. Run heapdump inside its namespaces, with the same HEAPDUMP_DIR: \
+         `nsenter --target {pid} --pid --mount -- heapdump attach --by-pid {inner}` (the \
+         heapdump binary and libheapdump.so must be reachable there); nothing was changed"
+    );
+}
+
 fn resolve(a: &AttachCmd) -> Result<u32> {
     if let Some(p) = a.by_pid {
         return Ok(p);
@@ -514,6 +544,7 @@ fn settings_env() -> Vec<u8> {
 /// `heapdump attach`.
 pub fn attach(a: &AttachCmd) -> Result<()> {
     let pid = resolve(a)?;
+    refuse_other_pid_namespace(pid)?;
     let shim = crate::commands::run::shim_path(a.lib.clone())?;
     let (answer, took) = call(pid, a, &shim, ATTACH_ENTRY, libc::RTLD_NOW as u64, false)?;
     let note = String::from_utf8_lossy(answer.message()).into_owned();

@@ -34,6 +34,8 @@ pub fn run(a: Options) -> Result<()> {
     };
     let entries = regions::scan()?;
     heapdump_testhooks::gc_pause();
+    // Which running processes map region files, read once when something is to be removed.
+    let mut mappers = None;
     for e in entries {
         // A detached process still runs, and may be attached again into its region.
         if matches!(e.liveness, Liveness::Alive | Liveness::Detached) {
@@ -59,6 +61,20 @@ pub fn run(a: Options) -> Result<()> {
                 regions::shown(e.error.as_deref().unwrap_or(""))
             ),
         };
+        // A process that still maps the file is alive, whatever its name says: one in another
+        // PID namespace (a container) names its region after its pid there (helper I, 1: gc
+        // removed the region of a live, recording process attached from outside).
+        if let Ok(md) = std::fs::symlink_metadata(&e.file.path) {
+            let mappers = mappers.get_or_insert_with(regions::region_mappers);
+            if let Some(p) = mappers.get(&regions::maps_id(&md)) {
+                eprintln!(
+                    "heapdump: {}: still mapped by running process {p} (in another PID \
+                     namespace?): left alone",
+                    e.file.path.display()
+                );
+                continue;
+            }
+        }
         // A directory with a region's name is not a region: gc removes files only.
         if std::fs::symlink_metadata(&e.file.path).is_ok_and(|m| m.is_dir()) {
             eprintln!(

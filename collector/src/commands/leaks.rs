@@ -74,6 +74,7 @@ pub fn run(a: Options) -> Result<()> {
                 &mut snap,
                 &c.modules,
                 &rc.path,
+                &c.private_ranges(),
             ) {
                 Ok(r) => {
                     status = checked;

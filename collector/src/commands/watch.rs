@@ -58,6 +58,9 @@ struct Followed {
     start_ticks: u64,
     /// The `alloc_*` values of its last pushed profile (`None`: not pushed yet).
     pushed: Option<push::delta::AllocState>,
+    /// Running but detached (`heapdump detach`): not snapshotted (its region no longer
+    /// changes) until it is attached again.
+    detached: bool,
 }
 
 /// What the watch did, for the report at exit.
@@ -67,6 +70,8 @@ struct Tally {
     skipped_beats: u64,
     files: u64,
     failed: u64,
+    /// Processes followed at some point.
+    followed: u64,
 }
 
 /// Runs `heapdump watch` until `--count` beats, SIGINT or SIGTERM, or (with `--by-pid`) the
@@ -230,6 +235,14 @@ pub fn watch(w: &WatchProps) -> Result<()> {
             tally.failed
         );
     }
+    // Nor did one that never found a process to watch (helper I, 8: `--by-name` with a
+    // misspelt name ended "0 files written" with status 0).
+    if tally.followed == 0 && tally.files == 0 {
+        bail!(
+            "nothing was kept: no instrumented process matched during the watch (`heapdump \
+             list` shows those there are)"
+        );
+    }
     Ok(())
 }
 
@@ -269,7 +282,9 @@ fn round(
             }
         },
     };
-    // Processes gone since the last beat, then new ones.
+    // Processes gone since the last beat, then new ones. A process still running whose region
+    // is not listed was detached (`heapdump detach`): it stays followed, not snapshotted
+    // (helper I, 2: the watch said it exited, and a `--by-pid` watch ended).
     let gone: Vec<u32> = followed
         .iter()
         .filter(|(pid, f)| {
@@ -280,14 +295,26 @@ fn round(
         .map(|(pid, _)| *pid)
         .collect();
     for pid in gone {
+        let f = followed.get_mut(&pid).expect("followed");
+        if regions::proc_start_ticks(pid) == Some(f.start_ticks) {
+            if !f.detached {
+                f.detached = true;
+                eprintln!(
+                    "heapdump: pid {pid} ({}): detached (heapdump detach); not snapshotted \
+                     until it is attached again",
+                    regions::shown(&f.name)
+                );
+            }
+            continue;
+        }
         let f = followed.remove(&pid).expect("followed");
         eprintln!(
             "heapdump: pid {pid} ({}): exited; no longer watched",
-            f.name
+            regions::shown(&f.name)
         );
     }
     if let WatchTarget::Pid(pid) = w.target {
-        if entries.is_empty() {
+        if entries.is_empty() && !followed.get(&pid).is_some_and(|f| f.detached) {
             eprintln!("heapdump: pid {pid} is no longer running: watch ends");
             return Ok(true);
         }
@@ -303,13 +330,25 @@ fn round(
             .unwrap_or_default();
         // In messages: the name with control characters escaped (the file name has its own).
         let label = regions::shown(&name);
-        if let std::collections::btree_map::Entry::Vacant(v) = followed.entry(e.file.pid) {
-            eprintln!("heapdump: pid {} ({label}): watching", e.file.pid);
-            v.insert(Followed {
-                name: name.clone(),
-                start_ticks: e.file.start_ticks,
-                pushed: None,
-            });
+        match followed.entry(e.file.pid) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                eprintln!("heapdump: pid {} ({label}): watching", e.file.pid);
+                tally.followed += 1;
+                v.insert(Followed {
+                    name: name.clone(),
+                    start_ticks: e.file.start_ticks,
+                    pushed: None,
+                    detached: false,
+                });
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) if o.get().detached => {
+                eprintln!(
+                    "heapdump: pid {} ({label}): attached again; watching",
+                    e.file.pid
+                );
+                o.get_mut().detached = false;
+            }
+            _ => {}
         }
         let c = match multi::one(e, false, w.lock_timeout) {
             Ok(c) => c,
@@ -510,7 +549,7 @@ fn report(t: &Tally, queue: Option<&push::queue::Queue>) {
         None => String::new(),
     };
     eprintln!(
-        "heapdump: watch ended: {} beats ({} skipped), {} files written{pushed}, {} failures; \
+        "heapdump: watch ended: {} beats ({} more skipped), {} files written{pushed}, {} failures; \
          own CPU time {:.2} s (user {:.2} s, system {:.2} s), peak RSS {:.1} MiB",
         t.beats,
         t.skipped_beats,

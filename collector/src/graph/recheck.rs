@@ -54,10 +54,11 @@ pub struct Recheck {
 /// leaked), the others stay leaked, direct or indirect by the candidates left.
 ///
 /// `births[i]` is the birth time of `g.blocks[i]` (region clock, ns); `snapshot` takes a new
-/// snapshot of the region (every live block with its birth time, any order). `modules` and
-/// `region` as for [`super::scan::build`].
+/// snapshot of the region (every live block with its birth time, any order). `modules`,
+/// `region` and `private` as for [`super::scan::build`].
 ///
 /// Errors: a snapshot fails, or the target's memory cannot be read any more (it exited).
+#[allow(clippy::too_many_arguments)]
 pub fn recheck(
     pid: u32,
     g: &Graph,
@@ -66,6 +67,7 @@ pub fn recheck(
     snapshot: &mut dyn FnMut() -> Result<Vec<Born>>,
     modules: &[Module],
     region: &Path,
+    private: &[(u64, u64)],
 ) -> Result<Recheck> {
     let started = std::time::Instant::now();
     let cands: Vec<u32> = (0..g.blocks.len() as u32)
@@ -104,8 +106,15 @@ pub fn recheck(
         .collect();
     let live_blocks: Vec<Block> = live.iter().map(|b| b.block).collect();
     drop(live);
-    let refs =
-        super::scan::references_into(pid, &live_blocks, &readers, &targets, modules, region)?;
+    let refs = super::scan::references_into(
+        pid,
+        &live_blocks,
+        &readers,
+        &targets,
+        modules,
+        region,
+        private,
+    )?;
     drop((live_blocks, readers));
     out.bytes_read = refs.bytes_read;
     // Rescued: pointed to from outside, and everything a rescued candidate points to.

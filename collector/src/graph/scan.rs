@@ -455,7 +455,9 @@ impl<'a> Lookup<'a> {
 /// Builds the graph of process `pid` from the live blocks of a snapshot (any order).
 ///
 /// `modules` is the region's module table (to name global roots by symbol), `region` the
-/// region file (never a root), `progress` reports stages.
+/// region file (never a root), `private` the shim's memory that keeps copies of the
+/// program's words ((start, bytes) from the region's thread slots: never roots either),
+/// `progress` reports stages.
 ///
 /// Errors: the target's memory cannot be read (the message names the fix), `/proc/PID/maps`
 /// cannot be read (the process is gone).
@@ -464,6 +466,7 @@ pub fn build(
     mut blocks: Vec<Block>,
     modules: &[Module],
     region: &Path,
+    private: &[(u64, u64)],
     stopped: Option<&super::stop::Stopped>,
     progress: &dyn Fn(&str),
 ) -> Result<(Graph, ScanStats)> {
@@ -577,7 +580,7 @@ pub fn build(
 
     progress("scanning roots");
     let mut roots = find_roots(
-        pid, &maps, &blocks, &blocks, &lookup, &mem, modules, region, stopped, &mut stats,
+        pid, &maps, &blocks, &blocks, &lookup, &mem, modules, region, private, stopped, &mut stats,
     );
     // With the threads stopped, their registers are roots too.
     if let Some(st) = stopped {
@@ -648,6 +651,7 @@ pub fn references_into(
     targets: &[Block],
     modules: &[Module],
     region: &Path,
+    private: &[(u64, u64)],
 ) -> Result<Referenced> {
     let maps = read_maps(pid)?;
     let probe = maps
@@ -660,7 +664,7 @@ pub fn references_into(
     let mut stats = ScanStats::default();
     let mut from_outside = vec![false; targets.len()];
     let roots = find_roots(
-        pid, &maps, live, targets, &lookup, &mem, modules, region, None, &mut stats,
+        pid, &maps, live, targets, &lookup, &mem, modules, region, private, None, &mut stats,
     );
     for r in &roots {
         for &t in &r.targets {
@@ -1147,6 +1151,7 @@ fn find_roots(
     mem: &Memory,
     modules: &[Module],
     region: &Path,
+    private: &[(u64, u64)],
     stopped: Option<&super::stop::Stopped>,
     stats: &mut ScanStats,
 ) -> Vec<Root> {
@@ -1166,7 +1171,23 @@ fn find_roots(
     let red_zone = if stopped.is_some() { 128 } else { 0 };
     // What malloc owns (its arenas, its mmapped chunks) is never a root; the rest of every
     // writable mapping is, minus the live blocks themselves (their contents are edges).
-    let owned = allocator_ranges(maps, live, mem);
+    let mut owned = allocator_ranges(maps, live, mem);
+    // Nor the shim's private memory that keeps copies of the program's words (its threads'
+    // walk memos: saved `rbp` values, heap pointers in code without frame pointers; its Python
+    // memos), as the region's thread slots list it: a stale copy there kept leaked lists
+    // reachable (helper G, 1).
+    if !private.is_empty() {
+        owned.extend(private.iter().map(|&(a, n)| (a, a.saturating_add(n))));
+        owned.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(owned.len());
+        for (a, b) in owned {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        owned = merged;
+    }
     let region = region.to_string_lossy();
     let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
     let mut roots: HashMap<(RootKind, String), Vec<u32>> = HashMap::new();

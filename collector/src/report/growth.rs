@@ -30,7 +30,15 @@ pub struct Growth {
     /// `max(median_slope, 0) × r2 × spread` ([`spread`]: 1 for growth spread evenly over the
     /// intervals, 0 for one step): the ranking key, largest first.
     pub score: f64,
+    /// The time the scored stretch of the series starts at: its first point, unless a recent
+    /// stretch scored higher (see [`growth`]); then `slope`, `r2`, `median_slope`, `grew` and
+    /// `score` are that stretch's.
+    pub since: f64,
 }
+
+/// Fewest points a recent stretch of a series is scored over (see [`growth`]): four
+/// intervals, so that [`spread`] can tell a step from a trend there too.
+pub const RECENT_MIN_POINTS: usize = 5;
 
 /// The most points the Theil–Sen slope pairs up (a longer series is thinned evenly): its
 /// cost grows as the square of the points.
@@ -71,7 +79,36 @@ fn theil_sen(t: &[f64], v: &[f64]) -> f64 {
 
 /// The growth of the series `v` sampled at times `t` (same length; `t` increasing). Fewer
 /// than two points, or all at one time, give zeros.
+///
+/// The whole series is scored, and so are its recent stretches — its last half, last quarter,
+/// … (while they hold [`RECENT_MIN_POINTS`]) — that end above every earlier value; the best
+/// score stands. A leak that began late is flat for most of the window, so most pairs of
+/// snapshots do not span it and its Theil–Sen slope over the whole window is 0 once it covers
+/// less than 1 − 1/√2 (29%) of it (helper I: a 19.5 KiB/s leak begun in the last 27% scored
+/// 0, below a one-off warm-up); over the stretch where it grows it scores its slope. A
+/// recurring cache whose recent rise stays below its earlier peaks gains nothing: a new high
+/// is required.
 pub fn growth(t: &[f64], v: &[f64]) -> Growth {
+    let n = t.len().min(v.len());
+    let (t, v) = (&t[..n], &v[..n]);
+    let mut best = growth_over(t, v);
+    let mut k = n / 2;
+    while k >= RECENT_MIN_POINTS {
+        let start = n - k;
+        let earlier = v[..start].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if v[n - 1] > earlier {
+            let g = growth_over(&t[start..], &v[start..]);
+            if g.score > best.score {
+                best = g;
+            }
+        }
+        k /= 2;
+    }
+    best
+}
+
+/// [`growth`] over the whole of `t`, `v` (same length).
+fn growth_over(t: &[f64], v: &[f64]) -> Growth {
     let g = line(t, v);
     // Only a series that rises along a line can score: no pairs to sort for the others.
     let median_slope = if g.slope > 0.0 && g.r2 > 0.0 {
@@ -137,6 +174,7 @@ pub fn line(t: &[f64], v: &[f64]) -> Growth {
         median_slope: 0.0,
         grew,
         score: 0.0,
+        since: t[0],
     }
 }
 
@@ -206,6 +244,38 @@ mod tests {
         let shrink = growth(&t, &[8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]);
         assert!(shrink.slope < 0.0);
         assert_eq!(shrink.score, 0.0);
+    }
+
+    /// Helper I, 3: a leak begun in the last 27% of 62 snapshots scored 0 over the whole
+    /// window (its Theil–Sen slope is 0) and ranked below a one-off 1 MB step; scored over
+    /// the recent stretch where it grows, it ranks first, at its own slope. A sawtooth cache
+    /// whose last rise stays below its earlier peaks gains nothing from the recent stretches.
+    #[test]
+    fn a_leak_begun_late_ranks_by_its_recent_growth() {
+        let t = secs(62);
+        let late: Vec<f64> = t.iter().map(|&s| 20_000.0 * (s - 45.0).max(0.0)).collect();
+        let late = growth(&t, &late);
+        assert!((late.median_slope - 20_000.0).abs() < 1e-6, "{late:?}");
+        assert!((late.score - 20_000.0).abs() < 1e-6, "{late:?}");
+        // The last quarter (from 47 s) lies on the leak's line.
+        assert_eq!(late.since, 47.0, "{late:?}");
+        let step: Vec<f64> = t.iter().map(|&s| if s < 2.0 { 0.0 } else { 1e6 }).collect();
+        let step = growth(&t, &step);
+        assert!(step.score < 1.0, "{step:?}");
+        assert_eq!(step.since, 0.0);
+        // 64 KiB every 2 s for 16 s, then freed; the last rise (16 s) reaches no new high.
+        let saw: Vec<f64> = t
+            .iter()
+            .map(|&s| 65536.0 * ((s as u64 % 16) / 2) as f64)
+            .collect();
+        let saw_g = growth(&t, &saw);
+        assert_eq!(saw_g.since, 0.0, "{saw_g:?}");
+        assert!(saw_g.score < 1000.0, "{saw_g:?}");
+        // A steady leak keeps its whole-window score.
+        let leak: Vec<f64> = t.iter().map(|s| 1e4 + 10240.0 * s).collect();
+        let leak = growth(&t, &leak);
+        assert!((leak.score - 10240.0).abs() < 1e-6, "{leak:?}");
+        assert_eq!(leak.since, 0.0);
     }
 
     #[test]

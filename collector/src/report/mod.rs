@@ -148,10 +148,22 @@ pub fn run(props: ReportProps) -> Result<()> {
         0 => String::new(),
         k => format!(" and {k} leaks/reference-graph section(s)"),
     };
+    // With --pid, what the page holds: that process only (helper I, 7).
+    let (count, of) = match props.pid {
+        Some(pid) => (
+            report.len_of(pid),
+            describe(
+                &procs
+                    .iter()
+                    .filter(|(p, _)| *p == pid)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        None => (report.len(), describe(&procs)),
+    };
     eprintln!(
-        "heapdump: report of {} snapshot(s){sections} of {} -> {}",
-        report.len(),
-        describe(&procs),
+        "heapdump: report of {count} snapshot(s){sections} of {of} -> {}",
         props.output.display()
     );
     Ok(())

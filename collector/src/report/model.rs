@@ -250,12 +250,27 @@ fn types(p: &pb::Profile) -> Option<Types> {
 pub enum AddError {
     /// The profile has no `inuse_space` sample type: not a heap profile.
     NotHeap,
+    /// A `snapshot --since` profile: only the blocks born after an instant, not the live heap
+    /// (helper I, 4: plotted as a point of the timeline, a false 217 KiB dip).
+    Since,
+    /// A `snapshot --multi-process` profile: several processes in one.
+    MultiProcess,
 }
 
 impl std::fmt::Display for AddError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AddError::NotHeap => write!(f, "not a heap profile (no inuse_space sample type)"),
+            AddError::Since => write!(
+                f,
+                "a `snapshot --since` profile (only the blocks born after an instant, not the \
+                 live heap): left out of the timeline"
+            ),
+            AddError::MultiProcess => write!(
+                f,
+                "a `snapshot --multi-process` profile (several processes in one): report takes \
+                 one profile per process, as `watch --multi-process -o DIR` writes them"
+            ),
         }
     }
 }
@@ -282,6 +297,14 @@ impl Report {
     /// Number of snapshots added, over all processes.
     pub fn len(&self) -> usize {
         self.processes.iter().map(|p| p.snaps.len()).sum()
+    }
+
+    /// Number of snapshots added of process `pid`.
+    pub fn len_of(&self, pid: u32) -> usize {
+        (self.processes.iter())
+            .filter(|p| p.pid == pid)
+            .map(|p| p.snaps.len())
+            .sum()
     }
 
     /// The processes added so far: (pid, command), in the order first seen.
@@ -428,9 +451,22 @@ impl Report {
     /// Adds profile `p` (read from `file`) as one snapshot of the process its comments name
     /// (pid 0, "", when they do not).
     ///
-    /// Errors: `p` has no `inuse_space` sample type.
+    /// Errors: `p` has no `inuse_space` sample type, holds only blocks born since an instant
+    /// (`snapshot --since`), or several processes (`--multi-process`).
     pub fn add(&mut self, p: &pb::Profile, file: &str) -> Result<(), AddError> {
         let ty = types(p).ok_or(AddError::NotHeap)?;
+        for c in p
+            .comment
+            .iter()
+            .filter_map(|&c| p.string_table.get(c as usize))
+        {
+            if c.starts_with("born since ") {
+                return Err(AddError::Since);
+            }
+            if c.starts_with("heapdump multi-process snapshot of ") {
+                return Err(AddError::MultiProcess);
+            }
+        }
         let id = identity(p);
         if let Some(counts) = leak_counts(p) {
             self.add_leaks(p, &ty, id, counts, file);
@@ -675,6 +711,7 @@ fn process_json(proc: &Process) -> Value {
                 "r2": g.r2,
                 "grew": g.grew,
                 "score": g.score,
+                "since": g.since,
                 "first": per_site[*i][0],
                 "last": per_site[*i][n - 1],
                 "values": per_site[*i],
@@ -871,6 +908,32 @@ mod tests {
                 "more_sites": 0,
             }])
         );
+    }
+
+    #[test]
+    fn partial_profiles_are_left_out_of_the_timeline() {
+        let profile = |comment: &str| {
+            crate::pprof::from_names(
+                &HashMap::from([(1u32, vec!["f".to_owned()])]),
+                [(1u32, 2u64, 200u64)].into_iter(),
+                &[
+                    "heapdump snapshot of pid 42 (./srv), alive".into(),
+                    comment.to_owned(),
+                ],
+            )
+        };
+        let mut r = Report::new(Sites::new(None).unwrap());
+        let since = profile("born since 2s ago: only blocks allocated after that instant");
+        assert!(matches!(r.add(&since, "since.pb.gz"), Err(AddError::Since)));
+        let multi = profile("heapdump multi-process snapshot of 2 processes: a, b");
+        assert!(matches!(
+            r.add(&multi, "all.pb.gz"),
+            Err(AddError::MultiProcess)
+        ));
+        assert_eq!(r.len(), 0);
+        r.add(&profile("counters: live_bytes=200"), "full.pb.gz")
+            .unwrap();
+        assert_eq!(r.len(), 1);
     }
 
     #[test]

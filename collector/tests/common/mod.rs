@@ -246,11 +246,26 @@ pub fn locations_of(p: &heapdump_proto::Profile, name: &str) -> HashSet<u64> {
 /// Sums [alloc_objects, alloc_space, inuse_objects, inuse_space] over samples through `name`.
 pub fn sum_through(p: &heapdump_proto::Profile, name: &str) -> [i64; 4] {
     let locs = locations_of(p, name);
+    // By sample type: [alloc_objects, alloc_space, inuse_objects, inuse_space], 0 for a type
+    // the profile lacks (a leak report's or a capture's has inuse_* only).
+    let at: Vec<Option<usize>> = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ]
+    .iter()
+    .map(|t| {
+        p.sample_type
+            .iter()
+            .position(|st| p.string_table[st.r#type as usize] == *t)
+    })
+    .collect();
     let mut out = [0i64; 4];
     for s in &p.sample {
         if s.location_id.iter().any(|l| locs.contains(l)) {
-            for (o, v) in out.iter_mut().zip(&s.value) {
-                *o += v;
+            for (o, i) in out.iter_mut().zip(&at) {
+                *o += i.and_then(|i| s.value.get(i)).copied().unwrap_or(0);
             }
         }
     }
