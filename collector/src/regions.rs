@@ -1082,10 +1082,13 @@ pub fn region_mappers() -> std::collections::HashMap<(u32, u32, u64), u32> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // Line by line: a process's maps may be hundreds of MB (helper J, 5).
+        let Ok(f) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
             continue;
         };
-        for l in maps.lines() {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(f).lines() {
+            let Ok(l) = l else { break };
             let path = l.trim_end().trim_end_matches(" (deleted)");
             if !path.ends_with(".heapdump") {
                 continue;
@@ -1107,6 +1110,18 @@ pub fn region_mappers() -> std::collections::HashMap<(u32, u32, u64), u32> {
         }
     }
     out
+}
+
+/// The pid process `pid` has in its own PID namespace (the last field of `NSpid` in
+/// `/proc/PID/status`), if it can be read.
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// The (major, minor, inode) of file `md`, as `/proc/PID/maps` writes them (glibc's `dev_t`
@@ -1163,14 +1178,29 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                         .parent()
                         .map(|d| d.display().to_string())
                         .unwrap_or_default();
+                    // Only a directory of one's own is used as HEAPDUMP_DIR (another user's
+                    // sends the collector to its `heapdump-UID` subdirectory); `snapshot
+                    // --region` reads the file anywhere (helpers J 4, K 6).
+                    use std::os::unix::fs::MetadataExt;
+                    // SAFETY: geteuid has no preconditions.
+                    let euid = unsafe { libc::geteuid() };
+                    let own = std::fs::metadata(&elsewhere).is_ok_and(|m| m.uid() == euid);
+                    let set_dir = if own {
+                        format!(
+                            "set HEAPDUMP_DIR={} (the directory it was started or attached \
+                             with), or ",
+                            shown(&elsewhere)
+                        )
+                    } else {
+                        String::new()
+                    };
                     bail!(
-                        "process {pid} records into {}, not {}: its region is {}; set \
-                         HEAPDUMP_DIR={} (the directory it was started or attached with), or \
-                         name the file with --region",
+                        "process {pid} records into {}, not {}: its region is {}; {set_dir}take \
+                         a snapshot of that file with `heapdump snapshot --region {} -o FILE`",
                         shown(&elsewhere),
                         region_dir().display(),
                         shown(&file),
-                        shown(&elsewhere)
+                        shown(&file)
                     );
                 }
                 if proc_start_ticks(*pid).is_some() {

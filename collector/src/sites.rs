@@ -32,7 +32,7 @@ use regex::Regex;
 /// one site for all its callers.
 pub const DEFAULT_WRAPPERS: &str = concat!(
     r"(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc",
-    r"|__libc_\w+|strdup|strndup|__strdup|__strndup|wcsdup",
+    r"|__libc_\w+|strdup|strndup|__strdup|__strndup|wcsdup|__GI___strn?dup",
     r"|operator new.*|operator new\[\].*|_Znwm|_Znam|_ZnwmRKSt9nothrow_t|_ZnamRKSt9nothrow_t",
     r"|_?PyObject_(Malloc|Calloc|Realloc)|_?PyMem_\w+|_?PyObject_GC_\w+|gc_alloc|_PyObject_New\w*",
     r"|PyObject_(New|NewVar)|_PyObject_MallocWithType|pymalloc_\w+|_PyMem_RawMalloc",
@@ -280,6 +280,11 @@ mod tests {
         assert_eq!(
             s.site(&names(&["Perl_safesysmalloc", "Perl_newSV"])),
             "Perl_newSV"
+        );
+        // glibc's internal name of strdup (helper K, 5).
+        assert_eq!(
+            s.site(&names(&["malloc", "__GI___strdup", "build_hash"])),
+            "build_hash"
         );
         // libstdc++'s layers between `operator new` and the program (helper G, 3).
         assert_eq!(

@@ -47,12 +47,55 @@ impl Collected {
     /// The shim's private memory of the running threads that keeps copies of the program's
     /// words (`vmo_layout::v1::ThreadSlotV1::private`): (start, bytes), not roots of the
     /// reference graph.
+    ///
+    /// Also the stacks of the threads that exited (glibc keeps them mapped for later threads,
+    /// stale words and all: helper K, 1, leaks of joined threads went unreported), unless a
+    /// running thread's stack overlaps one now, and only while it still lies where glibc puts
+    /// a thread stack (just above a guard mapping, `---p`, in `/proc/PID/maps`): memory
+    /// mapped there since is the program's again.
     pub fn private_ranges(&self) -> Vec<(u64, u64)> {
-        self.threads
-            .iter()
+        let live_stacks: Vec<(u64, u64)> = (self.threads.iter())
+            .filter(|t| t.running)
+            .filter_map(|t| t.stack)
+            .collect();
+        let overlaps = |a: u64, n: u64| {
+            (live_stacks.iter()).any(|&(b, m)| a < b.saturating_add(m) && b < a.saturating_add(n))
+        };
+        let mut out: Vec<(u64, u64)> = (self.threads.iter())
             .filter(|t| t.running)
             .flat_map(|t| t.private.iter().copied())
-            .collect()
+            .collect();
+        let dead: Vec<(u64, u64)> = (self.threads.iter())
+            .filter(|t| !t.running)
+            .flat_map(|t| t.private.iter().copied())
+            .filter(|&(a, n)| !overlaps(a, n))
+            .collect();
+        if !dead.is_empty() {
+            // (start, end, guard) of each mapping.
+            let maps: Vec<(u64, u64, bool)> =
+                std::fs::read_to_string(format!("/proc/{}/maps", self.info.pid))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| {
+                        let mut f = l.split_whitespace();
+                        let (a, b) = f.next()?.split_once('-')?;
+                        let perms = f.next()?;
+                        Some((
+                            u64::from_str_radix(a, 16).ok()?,
+                            u64::from_str_radix(b, 16).ok()?,
+                            perms.starts_with("---"),
+                        ))
+                    })
+                    .collect();
+            for (a, n) in dead {
+                let inside = maps.iter().any(|&(s, e, g)| !g && s == a && a + n <= e);
+                let guarded = maps.iter().any(|&(_, e, g)| g && e == a);
+                if inside && guarded {
+                    out.push((a, n));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -597,11 +640,21 @@ mod lease {
 /// A warning when the executable at `path` is a Go program (its ELF file has Go's
 /// `.go.buildinfo` or `.note.go.buildid` section): Go allocates its own heap from the kernel
 /// (`runtime.mallocgc`), so only its C allocations (cgo, C libraries) are recorded — helper G,
-/// 7: a 10 MB Go heap showed as 501 KB, without a word. Opened without blocking and checked
-/// on the descriptor; `None` for anything that is not a readable ELF file with such a section.
+/// 7: a 10 MB Go heap showed as 501 KB, without a word. Read only when no other user can
+/// change the file or its path (`symbolize::trusted_path`), opened without blocking and
+/// checked on the descriptor; `None` for anything else, or no such section.
 fn go_program(path: &str) -> Option<String> {
     use object::{Object, ObjectSection};
-    let f = crate::regions::open_regular(std::path::Path::new(path)).ok()?;
+    // The path comes from the region, which the target's user writes: only a file whose
+    // path others cannot change is read (a FUSE file of theirs could block the read).
+    let path = std::path::Path::new(path);
+    if !crate::symbolize::trusted_path(path) {
+        return None;
+    }
+    let f = crate::regions::open_regular(path).ok()?;
+    if !crate::symbolize::elf_bounded(&f) {
+        return None;
+    }
     // Read, not mapped (a file truncated meanwhile would fault a mapping): only the header
     // and section table are read.
     let cache = object::ReadCache::new(f);

@@ -219,9 +219,59 @@ fn outer_name(dwarf: &str, table: Option<&str>) -> String {
         dwarf.split('<').next().unwrap_or(dwarf)
     };
     match table.filter(|t| is_mangled(t)).map(demangle) {
-        Some(t) if t == bare || t.ends_with(&format!("::{bare}")) => t,
+        Some(t)
+            if {
+                // A C++ name is compared without its parameters and its last template
+                // arguments (`std::allocator_traits<…>::allocate(…)` for DWARF's bare `allocate`:
+                // GCC gives functions of templates over lambdas or local types no linkage name;
+                // helper K, 4).
+                // A free function keeps DWARF's name, as before (a C++ static: `outer_a`,
+                // not `outer_a(int)`).
+                let member = format!("::{bare}");
+                t == bare || t.ends_with(&member) || cxx_core(&t).ends_with(&member)
+            } =>
+        {
+            t
+        }
         _ => dwarf.to_owned(),
     }
+}
+
+/// A demangled C++ name without its parameter list (from its last `(` outside template
+/// arguments, with what follows: `const`, …) and without the template arguments that end it
+/// (`a::b<c>::f<int>(int) const` → `a::b<c>::f`). Other names are returned as they are.
+fn cxx_core(name: &str) -> &str {
+    let mut depth = 0i32;
+    let mut params = None;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth == 0 => params = Some(i),
+            _ => {}
+        }
+    }
+    let mut core = match params {
+        Some(i) if name.ends_with(')') || name[i..].contains(')') => &name[..i],
+        _ => name,
+    };
+    if core.ends_with('>') {
+        let mut depth = 0i32;
+        for (i, c) in core.char_indices().rev() {
+            match c {
+                '>' => depth += 1,
+                '<' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        core = &core[..i];
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    core
 }
 
 fn is_mangled(name: &str) -> bool {
@@ -320,19 +370,10 @@ fn code_loc(c: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32) {
     )
 }
 
-/// Whether the ELF file at `path` carries `expected` as its GNU build ID (true when none was
-/// recorded or the file cannot be read as ELF: blazesym will then decide).
-/// Whether every file blazesym may open to follow `path`'s `.gnu_debuglink` (blazesym 0.2's
-/// `DebugFileIter`: under `/usr/lib/debug` and `/lib/debug` the build ID's file and the
-/// link's name, with and without the object's directory; beside the object, and in its
-/// `.debug`) is absent or a regular file: blazesym opens the first one that exists with a
-/// blocking open, and the profiled program chooses both the link and what lies beside its
-/// own binary (a FIFO there hung `snapshot` for ever). A link naming a path (a `/` in it) is
-/// not followed. Reads only the ELF headers and the link's section.
 /// Whether no one but the collector's user and root can change what `path` names: the file
 /// and every directory above it owned by one of them, each directory writable by no one else
 /// unless sticky (where others cannot rename what is not theirs).
-fn trusted_path(path: &Path) -> bool {
+pub(crate) fn trusted_path(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -369,6 +410,9 @@ fn has_no_debug_link(f: &std::fs::File) -> bool {
     let Ok(f) = f.try_clone() else {
         return false;
     };
+    if !elf_bounded(&f) {
+        return false;
+    }
     let cache = ReadCache::new(f);
     match object::File::parse(&cache) {
         Ok(elf) => matches!(elf.gnu_debuglink(), Ok(None)),
@@ -376,6 +420,73 @@ fn has_no_debug_link(f: &std::fs::File) -> bool {
     }
 }
 
+/// Whether the object `crate` may parse file `f` (through a `ReadCache`, which allocates what
+/// each table and section claims to take) without more memory than the file's size, at most
+/// `regions::MAX_OBJECT_BYTES`: a 64-bit little-endian ELF file whose program and section
+/// header tables, and every section with contents, lie inside the file, with at most 65,536
+/// sections; or anything that is not ELF (object refuses it at once). A crafted sparse file
+/// whose header claimed a huge section table made root's `snapshot` of another user's process
+/// allocate and zero gigabytes (helper J, 1: 2 GB in 20 s, up to 256 GiB). Reads at most the
+/// header and the section table (4 MiB).
+pub(crate) fn elf_bounded(f: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(len) = f.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    if len > crate::regions::MAX_OBJECT_BYTES {
+        return false;
+    }
+    let mut h = [0u8; 64];
+    if f.read_exact_at(&mut h, 0).is_err() || h[..4] != *b"\x7fELF" {
+        return true;
+    }
+    if h[4] != 2 || h[5] != 1 {
+        return false;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as u64;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let within = |off: u64, size: u64| off.checked_add(size).is_some_and(|e| e <= len);
+    let (phoff, shoff) = (u64_at(&h, 0x20), u64_at(&h, 0x28));
+    let (phentsize, phnum) = (u16_at(&h, 0x36), u16_at(&h, 0x38));
+    let (shentsize, mut shnum) = (u16_at(&h, 0x3a), u16_at(&h, 0x3c));
+    if phnum != 0 && (phentsize != 56 || !within(phoff, phnum * 56)) {
+        return false;
+    }
+    if shoff == 0 {
+        return true;
+    }
+    if shentsize != 64 {
+        return false;
+    }
+    let mut first = [0u8; 64];
+    if !within(shoff, 64) || f.read_exact_at(&mut first, shoff).is_err() {
+        return false;
+    }
+    if shnum == 0 {
+        // Extended numbering: the count is section 0's size.
+        shnum = u64_at(&first, 0x20);
+    }
+    if shnum > 1 << 16 || !within(shoff, shnum * 64) {
+        return false;
+    }
+    let mut table = vec![0u8; (shnum * 64) as usize];
+    if f.read_exact_at(&mut table, shoff).is_err() {
+        return false;
+    }
+    table.chunks_exact(64).all(|s| {
+        // SHT_NOBITS (8) takes no room in the file.
+        u32_at(s, 4) == 8 || within(u64_at(s, 0x18), u64_at(s, 0x20))
+    })
+}
+
+/// Whether every file blazesym may open to follow `path`'s `.gnu_debuglink` (blazesym 0.2's
+/// `DebugFileIter`: under `/usr/lib/debug` and `/lib/debug` the build ID's file and the
+/// link's name, with and without the object's directory; beside the object, and in its
+/// `.debug`) is absent or a regular file: blazesym opens the first one that exists with a
+/// blocking open, and the profiled program chooses both the link and what lies beside its
+/// own binary (a FIFO there hung `snapshot` for ever). A link naming a path (a `/` in it) is
+/// not followed. Reads only the ELF headers and the link's section.
 fn debug_link_safe(path: &Path) -> bool {
     use object::{Object as _, ReadCache};
     use std::os::unix::fs::OpenOptionsExt;
@@ -386,7 +497,7 @@ fn debug_link_safe(path: &Path) -> bool {
     else {
         return false;
     };
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
+    if !f.metadata().is_ok_and(|m| m.is_file()) || !elf_bounded(&f) {
         return false;
     }
     let cache = ReadCache::new(f);
@@ -426,6 +537,8 @@ fn debug_link_safe(path: &Path) -> bool {
     })
 }
 
+/// Whether the ELF file at `path` carries `expected` as its GNU build ID (true when none was
+/// recorded or the file cannot be read as ELF: blazesym will then decide).
 fn build_id_matches(path: &Path, expected: &[u8]) -> bool {
     if expected.is_empty() {
         return true;
@@ -559,6 +672,31 @@ mod tests {
             names.len(),
             names.len() - verbose_only
         );
+    }
+
+    /// Helper K, 4: GCC gives functions of templates over lambdas or local types a bare DWARF
+    /// name (`allocate`, `operator()`, `_M_create<…>`); the symbol table's C++ name stands in
+    /// for it, compared without parameters and last template arguments.
+    #[test]
+    fn bare_dwarf_names_take_the_symbol_tables_cxx_name() {
+        assert_eq!(
+            outer_name(
+                "allocate",
+                Some("_ZNSt16allocator_traitsISaIZ9callbacksvE5LocalEE8allocateERS1_m")
+            ),
+            "std::allocator_traits<std::allocator<callbacks()::Local> >::allocate(std::allocator<callbacks()::Local>&, unsigned long)"
+        );
+        assert_eq!(
+            outer_name("operator()", Some("_ZZ9callbacksvENKUliE_clEi")),
+            "callbacks()::{lambda(int)#1}::operator()(int) const"
+        );
+        // Another function's symbol is not taken.
+        assert_eq!(
+            outer_name("allocate", Some("_ZZ9callbacksvENKUliE_clEi")),
+            "allocate"
+        );
+        assert_eq!(cxx_core("a::b<c>::f<int>(int) const"), "a::b<c>::f");
+        assert_eq!(cxx_core("plain"), "plain");
     }
 
     #[test]

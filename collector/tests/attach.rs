@@ -261,6 +261,31 @@ fn a_process_recording_elsewhere_is_named_with_its_directory() {
     assert_eq!(r.finish(), 0);
 }
 
+/// Helper J, 3: an attach whose recording could not start (an unusable region directory)
+/// leaves the shim loaded and stopped; the retry said the program was "started under
+/// heapdump". It now says what happened and what to do.
+#[test]
+fn a_failed_attach_is_named_as_such_at_the_retry() {
+    if !can_run("a_failed_attach_is_named_as_such_at_the_retry") {
+        return;
+    }
+    let dir = region_dir("failed-attach");
+    let r = target(&dir, None);
+    let pid = r.pid().to_string();
+    let bad = Path::new("/proc/nonexistent/heapdump");
+    let (ok, so, se) = heapdump_cmd(bad, &["attach", "--by-pid", &pid]);
+    assert!(!ok, "attach into {} succeeded: {so}", bad.display());
+    for cmd in ["attach", "detach"] {
+        let (ok, so, se2) = heapdump_cmd(&dir, &[cmd, "--by-pid", &pid]);
+        assert!(!ok, "{cmd}: {so}");
+        assert!(
+            se2.contains("an earlier attach") && !se2.contains("started under heapdump"),
+            "{cmd}: {se2} (first attach: {se})"
+        );
+    }
+    assert_eq!(r.finish(), 0);
+}
+
 /// The host pid of the one child of `parent` (`unshare --fork`'s).
 fn only_child(parent: u32) -> u32 {
     for _ in 0..200 {
@@ -313,7 +338,9 @@ fn a_process_in_another_pid_namespace_is_refused_and_its_region_kept() {
             let (ok, so, se) = heapdump_cmd(&dir, &["gc"]);
             assert!(ok, "gc: {so}{se}");
             assert!(
-                se.contains(&format!("still mapped by running process {host}")),
+                se.contains(&format!(
+                    "its process runs in another PID namespace (pid {host} here, 1 there)"
+                )),
                 "{se}"
             );
             let after: Vec<_> = std::fs::read_dir(&dir)

@@ -328,7 +328,7 @@ fn release_dead_threads(g: &state::Global) {
         let r = unsafe { libc::syscall(libc::SYS_tgkill, g.pid as libc::c_long, tid, 0) };
         // SAFETY: __errno_location returns this thread's errno.
         if r != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH {
-            g.writer.release_thread(i);
+            g.writer.release_thread(i, (0, 0));
         }
     }
 }

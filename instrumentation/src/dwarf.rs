@@ -823,16 +823,24 @@ pub fn new_cache() -> *mut Cache {
     c
 }
 
-/// The mapping of cache `c`'s captures (start, bytes), if it has one: the thread's memo of
-/// walks, which keeps copies of stack words (saved `rbp` values: heap pointers in code built
-/// without frame pointers), so not a root of the reference graph (see `state::note_private`).
+/// The mappings of cache `c` and of its captures (start, bytes; (0, 0) without captures):
+/// the unwinder's context (register values of walks) and the thread's memo of walks, which
+/// keep copies of stack words (saved `rbp` values: heap pointers in code built without frame
+/// pointers), so not roots of the reference graph (see `state::note_private`).
 ///
 /// # Safety
 /// `c` came from [`new_cache`] and is not freed.
-pub unsafe fn private_range(c: *mut Cache) -> Option<(u64, u64)> {
+pub unsafe fn private_ranges(c: *mut Cache) -> [(u64, u64); 2] {
     // SAFETY: per the contract; a plain pointer field.
     let caps = unsafe { (*c).captures };
-    (!caps.is_null()).then_some((caps as u64, std::mem::size_of::<Captures>() as u64))
+    [
+        (c as u64, std::mem::size_of::<Cache>() as u64),
+        if caps.is_null() {
+            (0, 0)
+        } else {
+            (caps as u64, std::mem::size_of::<Captures>() as u64)
+        },
+    ]
 }
 
 /// Frees a cache from [`new_cache`].

@@ -350,7 +350,7 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
         }
     };
     let w = created.writer;
-    w.claim_thread(0, b"(other threads)\0");
+    w.claim_thread(0, b"(other threads)\0", (0, 0));
     // The inherited address index holds exactly the blocks live at the fork (its shards were
     // locked across it): copy the records it points to.
     // A bitmap of the allocations table for the copy (1 bit per record, 128 KiB per million).

@@ -304,6 +304,8 @@ impl Tls {
         self.stack_lo.set(lo);
         self.stack_hi.set(hi);
         self.bounds_pending.set(false);
+        // The slot names the thread's stack (see `state::note_private`).
+        crate::state::note_private(self);
     }
 
     /// OS thread id.

@@ -224,7 +224,7 @@ fn init_locked() -> bool {
     }
     let w = created.writer;
     // Slot 0 is the orphan slot.
-    w.claim_thread(0, b"(other threads)\0");
+    w.claim_thread(0, b"(other threads)\0", (0, 0));
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     // SAFETY: only this thread (holding INITIALIZING) writes GLOBAL, before READY is published.
@@ -315,7 +315,11 @@ pub(crate) fn register_thread(g: &Global, t: &Tls) {
             t.stack_hi.set(hi);
         }
     }
-    match g.writer.claim_thread(tid, &thread_name()) {
+    let (lo, hi) = (t.stack_lo.get() as u64, t.stack_hi.get() as u64);
+    match g
+        .writer
+        .claim_thread(tid, &thread_name(), (lo, hi.saturating_sub(lo)))
+    {
         Some(i) => {
             t.slot.set(i + 1);
             // SAFETY: the key was created at init; the value is an integer tag, not a pointer.
@@ -339,19 +343,45 @@ pub(crate) fn note_private(t: &Tls) {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    let walks = {
+    let [cache, walks] = {
         let c = t.dwarf_cache.get();
-        // SAFETY: the thread's own cache, alive until its exit handler.
-        (!c.is_null())
-            .then(|| unsafe { crate::dwarf::private_range(c) })
-            .flatten()
-            .unwrap_or((0, 0))
+        if c.is_null() {
+            [(0, 0); 2]
+        } else {
+            // SAFETY: the thread's own cache, alive until its exit handler.
+            unsafe { crate::dwarf::private_ranges(c) }
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let walks = (0, 0);
+    let [cache, walks] = [(0u64, 0u64); 2];
     let [frames, stacks] = crate::python::private_ranges(t);
-    for (k, (start, bytes)) in [walks, frames, stacks].into_iter().enumerate() {
-        g.writer.set_thread_private(slot - 1, k, start, bytes);
+    let d = t.deferred.get();
+    let deferred = if d.is_null() {
+        (0, 0)
+    } else {
+        (d as u64, std::mem::size_of::<Deferred>() as u64)
+    };
+    let i = slot - 1;
+    for (k, (start, bytes)) in [cache, walks, frames, stacks, deferred]
+        .into_iter()
+        .enumerate()
+    {
+        g.writer.set_thread_private(i, k, start, bytes, false);
+    }
+    // The thread's own stack, a root: a dead thread's stack listed by a released slot is not
+    // excluded where a running thread's stack now lies (glibc reuses them).
+    let (lo, hi) = (t.stack_lo.get(), t.stack_hi.get());
+    g.writer
+        .set_thread_private(i, 5, lo as u64, hi.saturating_sub(lo) as u64, true);
+}
+
+/// Clears the ranges of the thread's slot (at its exit, before its memory is unmapped).
+fn clear_private(g: &Global, t: &Tls) {
+    let slot = t.slot.get();
+    if slot != 0 && slot != EXITED {
+        for k in 0..vmo_layout::v1::THREAD_PRIVATE_RANGES {
+            g.writer.set_thread_private(slot - 1, k, 0, 0, false);
+        }
     }
 }
 
@@ -360,6 +390,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
     with_tls(|t| {
         let outer = t.guard.replace(GUARD_INTERNAL);
         t.exited.set(true);
+        clear_private(g, t);
         flush_nodes(g, t);
         let d = t.deferred.replace(std::ptr::null_mut());
         if !d.is_null() {
@@ -379,7 +410,19 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
         crate::python::free_stack_memo(t);
         let slot = value as usize as u32;
         if slot != 0 && t.slot.get() == slot {
-            g.writer.release_thread(slot - 1);
+            // Its stack stays mapped in glibc's cache of stacks, holding stale words: listed
+            // as dead, not a root (helper K, 1: leaks of joined threads went unreported). Up
+            // to its descriptor only (`pthread_self()`, at the top of the block): glibc keeps
+            // the dead thread's DTV, a malloc block it points to, for the next thread.
+            let (lo, hi) = (t.stack_lo.get(), t.stack_hi.get());
+            // SAFETY: pthread_self has no preconditions.
+            let pd = unsafe { libc::pthread_self() } as usize;
+            let dead = if t.tid.get() != g.pid && lo < pd && pd <= hi {
+                (lo as u64, ((pd - lo) & !15) as u64)
+            } else {
+                (0, 0)
+            };
+            g.writer.release_thread(slot - 1, dead);
         }
         t.slot.set(EXITED);
         t.guard.set(outer);
@@ -512,6 +555,7 @@ pub fn defer(ptr: u64, size: Option<u64>, frames: &[u64], may_hold: bool) -> boo
                 return false;
             }
             t.deferred.set(d);
+            note_private(t);
         }
         let hold = may_hold && size.is_none() && REAL_FREE.load(Ordering::Relaxed) != 0;
         let mut op = Op {

@@ -184,9 +184,12 @@ pub struct ThreadInfo {
     pub name: String,
     /// Whether the slot is owned by a running thread.
     pub running: bool,
-    /// The shim's private memory of the thread that holds copies of the program's words
-    /// (`ThreadSlotV1::private`): (start, bytes), nonempty ranges only, each within user space.
+    /// Memory that is not a root (`ThreadSlotV1::private`): while running, the shim's memory
+    /// of the thread that keeps copies of the program's words; once released, the exited
+    /// thread's stack. (start, bytes), nonempty ranges only.
     pub private: Vec<(u64, u64)>,
+    /// A running thread's own stack (start, bytes), when the shim knows it: a root.
+    pub stack: Option<(u64, u64)>,
 }
 
 /// A module (ELF object) of the process.
@@ -1180,24 +1183,18 @@ impl<'a> Region<'a> {
             let mut name = [0u8; 16];
             name[..8].copy_from_slice(&s.name[0].load(Ordering::Relaxed).to_ne_bytes());
             name[8..].copy_from_slice(&s.name[1].load(Ordering::Relaxed).to_ne_bytes());
-            let private = (0..crate::v1::THREAD_PRIVATE_RANGES)
-                .map(|k| {
-                    (
-                        s.private[2 * k].load(Ordering::Relaxed),
-                        s.private[2 * k + 1].load(Ordering::Relaxed),
-                    )
-                })
-                .filter(|&(a, n)| {
-                    n != 0
-                        && a.checked_add(n)
-                            .is_some_and(|e| e <= crate::check::USER_END)
-                })
+            let ranges: Vec<(u64, u64, bool)> = (s.private.iter())
+                .filter_map(|w| crate::v1::unpack_range(w.load(Ordering::Relaxed)))
                 .collect();
             out.push(ThreadInfo {
                 tid: s.tid.load(Ordering::Relaxed),
                 name: c_string(&name),
                 running: s.state.load(Ordering::Relaxed) == SLOT_USED,
-                private,
+                private: (ranges.iter())
+                    .filter(|r| !r.2)
+                    .map(|&(a, n, _)| (a, n))
+                    .collect(),
+                stack: ranges.iter().find(|r| r.2).map(|&(a, n, _)| (a, n)),
             });
         });
         out

@@ -397,15 +397,42 @@ pub struct ThreadSlotV1 {
     /// (`u32::MAX`: none); see [`FLAG_OP_NODE`].
     pub op_node: AtomicU32,
     _reserved0: u32,
-    /// The owner's private memory of the shim that holds copies of the program's words (its
-    /// stack-walk memo: saved `rbp` values, which code built without frame pointers uses for
-    /// heap pointers; its Python frame memos): up to [`THREAD_PRIVATE_RANGES`] (start,
-    /// bytes) pairs, (0, 0) unused. Not roots of the reference graph: a stale copy there
-    /// would keep a leaked block reachable. Zero in regions of older writers (none known).
+    /// Memory ranges the reference graph must know about, each a word packed by
+    /// [`pack_range`] (0: unused). While the slot is used: the shim's private memory of the
+    /// owner that keeps copies of the program's words (its unwinder's registers and rule
+    /// cache, its stack-walk memo — saved `rbp` values, heap pointers in code built without
+    /// frame pointers —, its Python memos, its signal-handler queue), not roots, and the
+    /// owner's own stack ([`RANGE_STACK`]), a root. Once released by an exiting thread: that
+    /// thread's stack, which glibc keeps mapped for a later thread, dead until then (not a root
+    /// unless a running thread's stack overlaps it). Zero in regions of older writers.
     pub private: [AtomicU64; 6],
 }
-/// (start, bytes) pairs in [`ThreadSlotV1::private`].
-pub const THREAD_PRIVATE_RANGES: usize = 3;
+/// Ranges in [`ThreadSlotV1::private`].
+pub const THREAD_PRIVATE_RANGES: usize = 6;
+/// In a [`pack_range`] word: the range is a running thread's own stack (a root).
+pub const RANGE_STACK: u64 = 1 << 63;
+
+/// One range of [`ThreadSlotV1::private`] as a word: bit 63 [`RANGE_STACK`], bits 28–62 the
+/// first page (`start >> 12`), bits 0–27 the length in 16-byte units (rounded up). 0 (nothing)
+/// for an empty range, one not page-aligned at its start or beyond 47 bits, or of 4 GiB or
+/// more.
+pub fn pack_range(start: u64, bytes: u64, stack: bool) -> u64 {
+    let units = bytes.div_ceil(16);
+    if bytes == 0 || !start.is_multiple_of(4096) || start >= 1 << 47 || units >= 1 << 28 {
+        return 0;
+    }
+    (if stack { RANGE_STACK } else { 0 }) | (start >> 12) << 28 | units
+}
+
+/// The (start, bytes, stack) of a [`pack_range`] word; `None` for 0.
+pub fn unpack_range(w: u64) -> Option<(u64, u64, bool)> {
+    if w & !RANGE_STACK == 0 {
+        return None;
+    }
+    let start = ((w & !RANGE_STACK) >> 28) << 12;
+    let bytes = (w & ((1 << 28) - 1)) * 16;
+    Some((start, bytes, w & RANGE_STACK != 0))
+}
 const _: () = assert!(offset_of!(ThreadSlotV1, op_node) == 72);
 const _: () = assert!(size_of::<ThreadSlotV1>() == 128);
 /// `ThreadSlotV1::state`: never used or released by an exited thread.

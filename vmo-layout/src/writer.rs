@@ -743,8 +743,30 @@ impl RegionWriter {
     }
 
     /// Claims a free thread slot for OS thread `tid` (with `name`, 16 bytes), or `None` if all
-    /// are taken.
-    pub fn claim_thread(&self, tid: u32, name: &[u8; 16]) -> Option<u32> {
+    /// are taken. `stack`: the thread's stack (start, bytes; (0, 0) unknown). A released slot
+    /// that names a dead thread's stack (see [`ThreadSlotV1::private`]) is taken only by the
+    /// thread that now runs on that stack, or when no other slot is free: taking it forgets
+    /// that stack, whose stale words are then roots again.
+    pub fn claim_thread(&self, tid: u32, name: &[u8; 16], stack: (u64, u64)) -> Option<u32> {
+        let keeps_other_stack = |slot: &ThreadSlotV1| {
+            crate::v1::unpack_range(slot.private[0].load(Ordering::Relaxed))
+                .is_some_and(|(a, n, _)| !(a < stack.0.saturating_add(stack.1) && stack.0 < a + n))
+        };
+        for pass in 0..2 {
+            if let Some(i) = self.claim_free(tid, name, |s| pass == 1 || !keeps_other_stack(s)) {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// [`Self::claim_thread`]'s search: the first free slot `ok` accepts.
+    fn claim_free(
+        &self,
+        tid: u32,
+        name: &[u8; 16],
+        ok: impl Fn(&ThreadSlotV1) -> bool,
+    ) -> Option<u32> {
         let cap = self.capacity(section::THREADS);
         for i in 0..cap as u32 {
             if !self.backed(section::THREADS, i as u64 + 1) {
@@ -752,6 +774,7 @@ impl RegionWriter {
             }
             let slot = self.thread(i);
             if slot.state.load(Ordering::Relaxed) == SLOT_FREE
+                && ok(slot)
                 && slot
                     .state
                     .compare_exchange(SLOT_FREE, SLOT_USED, Ordering::Acquire, Ordering::Relaxed)
@@ -776,24 +799,31 @@ impl RegionWriter {
         slot.name[1].store(u64::from_ne_bytes(b.try_into().unwrap()), Ordering::Relaxed);
     }
 
-    /// Returns slot `index` to the pool (its counters stay, cumulative; its private ranges
-    /// are cleared).
-    pub fn release_thread(&self, index: u32) {
+    /// Returns slot `index` to the pool (its counters stay, cumulative). `dead_stack`: the
+    /// exiting owner's stack (start, bytes), left as the slot's only range (see
+    /// [`ThreadSlotV1::private`]); its other ranges are cleared, their memory being unmapped.
+    pub fn release_thread(&self, index: u32, dead_stack: (u64, u64)) {
         let slot = self.thread(index);
         for w in &slot.private {
             w.store(0, Ordering::Relaxed);
         }
+        slot.private[0].store(
+            crate::v1::pack_range(dead_stack.0, dead_stack.1, false),
+            Ordering::Relaxed,
+        );
         slot.state.store(SLOT_FREE, Ordering::Release);
     }
 
-    /// Stores private range `k` (< [`crate::v1::THREAD_PRIVATE_RANGES`]) of slot `index`:
-    /// `bytes` of the shim's memory at `start` that hold copies of the program's words (see
-    /// [`ThreadSlotV1::private`]); (0, 0) clears it.
-    pub fn set_thread_private(&self, index: u32, k: usize, start: u64, bytes: u64) {
+    /// Stores range `k` (< [`crate::v1::THREAD_PRIVATE_RANGES`]) of slot `index`: `bytes` at
+    /// `start`, the owner's own stack when `stack`, else shim memory that keeps copies of the
+    /// program's words (see [`ThreadSlotV1::private`]); (0, 0) clears it.
+    pub fn set_thread_private(&self, index: u32, k: usize, start: u64, bytes: u64, stack: bool) {
         let slot = self.thread(index);
-        if let Some(w) = slot.private.get(2 * k..2 * k + 2) {
-            w[0].store(start, Ordering::Relaxed);
-            w[1].store(bytes, Ordering::Relaxed);
+        if let Some(w) = slot.private.get(k) {
+            w.store(
+                crate::v1::pack_range(start, bytes, stack),
+                Ordering::Relaxed,
+            );
         }
     }
 

@@ -37,7 +37,9 @@ fn seed() -> Vec<u64> {
     };
     // SAFETY: a zeroed, 8-aligned buffer of the planned size that nothing else touches.
     let w = unsafe { RegionWriter::create(buf.as_mut_ptr() as *mut u8, size, &CAPS, &id) }.unwrap();
-    let t = w.claim_thread(9, b"main\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+    let t = w
+        .claim_thread(9, b"main\0\0\0\0\0\0\0\0\0\0\0\0", (0, 0))
+        .unwrap();
     let s1 = w.append_stack(11, &[0x1000, 0x2000, 0x3000]).unwrap();
     let s2 = w.append_stack(12, &[0x4000]).unwrap();
     let (a, b) = w.claim_nodes(32).unwrap();
@@ -297,7 +299,9 @@ fn sparse() -> Sparse {
     };
     // SAFETY: a fresh, zero-filled shared mapping of the planned size that nothing else uses.
     let w = unsafe { RegionWriter::create(base, size, &HUGE, &id) }.unwrap();
-    let t = w.claim_thread(9, b"main\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+    let t = w
+        .claim_thread(9, b"main\0\0\0\0\0\0\0\0\0\0\0\0", (0, 0))
+        .unwrap();
     let s1 = w.append_stack(11, &[0x1000, 0x2000]).unwrap();
     let (a, b) = w.claim_nodes(32).unwrap();
     for n in a..b {

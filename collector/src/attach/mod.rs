@@ -39,8 +39,8 @@ use ptrace::Held;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vmo_layout::attach::{
-    AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, SHIM_ATTACHED, SHIM_DETACHED, SHIM_PRELOADED,
-    STATE_SYMBOL, STATUS_OK,
+    AttachArgs, ATTACH_ENTRY, DETACH_ENTRY, SHIM_ATTACHED, SHIM_DETACHED, SHIM_LOADED,
+    SHIM_PRELOADED, STATE_SYMBOL, STATUS_OK,
 };
 
 /// Bytes of each thread's stack searched for return addresses into the allocator or loader,
@@ -641,6 +641,14 @@ fn call(
                 "cannot attach to pid {pid}: heapdump is attached there already; nothing was \
                  changed"
             ),
+            // Loaded by an attach whose recording could not start (helper J, 3: the retry
+            // said "started under heapdump"): the shim stays loaded and stopped for good.
+            (false, Some(SHIM_LOADED)) => bail!(
+                "cannot attach to pid {pid}: an earlier attach loaded libheapdump.so there but \
+                 could not start recording (its error said why), and it cannot be attached \
+                 again; restart the program under `heapdump run` (or LD_PRELOAD); nothing was \
+                 changed"
+            ),
             (false, _) => bail!(
                 "cannot attach to pid {pid}: libheapdump.so is loaded there already (started \
                  under heapdump); nothing was changed"
@@ -649,6 +657,10 @@ fn call(
             (true, Some(SHIM_PRELOADED)) => bail!(
                 "heapdump is not attached to pid {pid} (it was started under heapdump: \
                  libheapdump.so is preloaded)"
+            ),
+            (true, Some(SHIM_LOADED)) => bail!(
+                "heapdump is not attached to pid {pid} (an earlier attach could not start \
+                 recording)"
             ),
             (true, _) => bail!("heapdump is not attached to pid {pid} (detached already)"),
         }

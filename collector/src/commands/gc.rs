@@ -61,18 +61,24 @@ pub fn run(a: Options) -> Result<()> {
                 regions::shown(e.error.as_deref().unwrap_or(""))
             ),
         };
-        // A process that still maps the file is alive, whatever its name says: one in another
-        // PID namespace (a container) names its region after its pid there (helper I, 1: gc
-        // removed the region of a live, recording process attached from outside).
+        // The process that wrote it may be alive in another PID namespace (a container),
+        // where its pid is the one in the region's name: it still maps the file (helper I, 1:
+        // gc removed the region of a live, recording process attached from outside). A forked
+        // child that maps its parent's region is not that process (helper J, 2).
         if let Ok(md) = std::fs::symlink_metadata(&e.file.path) {
             let mappers = mappers.get_or_insert_with(regions::region_mappers);
-            if let Some(p) = mappers.get(&regions::maps_id(&md)) {
-                eprintln!(
-                    "heapdump: {}: still mapped by running process {p} (in another PID \
-                     namespace?): left alone",
-                    e.file.path.display()
-                );
-                continue;
+            if let Some(&p) = mappers.get(&regions::maps_id(&md)) {
+                if regions::innermost_pid(p) == Some(e.file.pid)
+                    && regions::proc_start_ticks(p) == Some(e.file.start_ticks)
+                {
+                    eprintln!(
+                        "heapdump: {}: its process runs in another PID namespace (pid {p} \
+                         here, {} there): left alone",
+                        e.file.path.display(),
+                        e.file.pid
+                    );
+                    continue;
+                }
             }
         }
         // A directory with a region's name is not a region: gc removes files only.
