@@ -32,6 +32,30 @@ fn leak_groups(dir: &std::path::Path, pid: u32) -> (Vec<Group>, Vec<serde_json::
     (g, v)
 }
 
+/// `heapdump leaks --by-pid PID --json` (with `--stop` when `stop`), summed by kind:
+/// ((direct blocks, bytes), (indirect blocks, bytes)); panics when the command fails.
+fn leak_totals(dir: &std::path::Path, pid: u32, stop: bool) -> ((u64, u64), (u64, u64)) {
+    let pid = pid.to_string();
+    let mut args = vec!["leaks", "--by-pid", &pid, "--json"];
+    if stop {
+        args.push("--stop");
+    }
+    let (ok, json, err) = heapdump_cmd(dir, &args);
+    assert!(ok, "heapdump leaks: {err}");
+    let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let sum = |kind: &str| -> (u64, u64) {
+        v.iter()
+            .filter(|g| g["kind"] == kind)
+            .fold((0, 0), |(n, b), g| {
+                (
+                    n + g["blocks"].as_u64().unwrap(),
+                    b + g["bytes"].as_u64().unwrap(),
+                )
+            })
+    };
+    (sum("direct"), sum("indirect"))
+}
+
 /// C7: a block held only from the program's own page, which the kernel merged into one memory
 /// area with a 256 KiB glibc chunk, is not leaked; the dropped one is, exactly.
 #[test]
@@ -86,25 +110,7 @@ fn copies_the_stack_walk_keeps_hold_no_leak() {
         let dir = region_dir(&format!("lost-lists-{stop}"));
         let r = start(Command::new(&exe), &dir, true);
         assert_eq!(r.tally(), (20000, 1_120_000));
-        let pid = r.pid().to_string();
-        let mut args = vec!["leaks", "--by-pid", &pid, "--json"];
-        if stop {
-            args.push("--stop");
-        }
-        let (ok, json, err) = heapdump_cmd(&dir, &args);
-        assert!(ok, "heapdump leaks: {err}");
-        let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
-        let sum = |kind: &str| -> (u64, u64) {
-            v.iter()
-                .filter(|g| g["kind"] == kind)
-                .fold((0, 0), |(n, b), g| {
-                    (
-                        n + g["blocks"].as_u64().unwrap(),
-                        b + g["bytes"].as_u64().unwrap(),
-                    )
-                })
-        };
-        let (direct, indirect) = (sum("direct"), sum("indirect"));
+        let (direct, indirect) = leak_totals(&dir, r.pid(), stop);
         if stop {
             // Stopped, the thread's registers and the 128 bytes below its stack pointer are
             // roots too (as for LeakSanitizer): a stale register or word there may still hold
@@ -136,26 +142,8 @@ fn leaks_of_joined_threads_are_found() {
             let dir = region_dir(&format!("joined-{opt}-{stop}"));
             let r = start(Command::new(&exe), &dir, true);
             assert_eq!(r.tally(), (400, 19_200));
-            let pid = r.pid().to_string();
-            let mut args = vec!["leaks", "--by-pid", &pid, "--json"];
-            if stop {
-                args.push("--stop");
-            }
-            let (ok, json, err) = heapdump_cmd(&dir, &args);
-            assert!(ok, "heapdump leaks: {err}");
-            let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
-            let sum = |kind: &str| -> (u64, u64) {
-                v.iter()
-                    .filter(|g| g["kind"] == kind)
-                    .fold((0, 0), |(n, b), g| {
-                        (
-                            n + g["blocks"].as_u64().unwrap(),
-                            b + g["bytes"].as_u64().unwrap(),
-                        )
-                    })
-            };
             assert_eq!(
-                (sum("direct"), sum("indirect")),
+                leak_totals(&dir, r.pid(), stop),
                 ((4, 192), (396, 19_008)),
                 "{opt}, stop {stop}"
             );

@@ -16,6 +16,13 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Makes a FIFO at `p` with permissions `m`; panics when it cannot.
+fn mkfifo(p: &Path, m: u32) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), m as libc::mode_t) }, 0);
+}
+
 fn mode(p: &Path, m: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
 }
@@ -681,9 +688,7 @@ fn a_debug_link_to_a_fifo_does_not_hang_the_snapshot() {
     std::fs::copy(compile_c("known_allocs", &[]), &exe).unwrap();
     let debug = move_dwarf_to_debug_link(&exe);
     std::fs::remove_file(&debug).unwrap();
-    let c = std::ffi::CString::new(debug.to_str().unwrap()).unwrap();
-    // SAFETY: a valid C string; mkfifo only creates the file.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    mkfifo(&debug, 0o600);
     let r = start(Command::new(&exe), &dir, true);
     let out = dir.join("s.pb.gz");
     let done = Command::new("timeout")
@@ -720,11 +725,7 @@ fn a_fifo_planted_at_the_output_path_is_refused() {
     std::fs::create_dir_all(&dir).unwrap();
     let r = hold_sized(&dir, 4, 1000);
     let pid = r.pid().to_string();
-    let mkfifo = |p: &Path| {
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
-    };
+    let mkfifo = |p: &Path| mkfifo(p, 0o666);
     // Planted by `nobody`, with a reader that would receive whatever is written.
     let planted = dir.join("planted.pb.gz");
     mkfifo(&planted);
@@ -813,9 +814,7 @@ fn a_fifo_given_as_input_is_refused_not_waited_on() {
     let dir = region_dir("input-fifo");
     std::fs::create_dir_all(&dir).unwrap();
     let fifo = dir.join("in.pb.gz");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    mkfifo(&fifo, 0o600);
     let f = fifo.to_str().unwrap();
     let out = dir.join("out");
     let o = out.to_str().unwrap();
@@ -945,9 +944,7 @@ fn a_module_swapped_for_a_fifo_after_its_check_does_not_hang_the_snapshot() {
         .unwrap();
     pause.reached();
     std::fs::rename(&exe, app.join("moved")).unwrap();
-    let c = std::ffi::CString::new(exe.to_str().unwrap()).unwrap();
-    // SAFETY: a valid C string; mkfifo only creates the file.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    mkfifo(&exe, 0o666);
     pause.release();
     let done = child.wait_with_output().unwrap();
     assert!(
