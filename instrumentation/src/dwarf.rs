@@ -766,11 +766,16 @@ fn loader_counts() -> (u64, u64) {
 /// After a walk with `cache`: whether it met code in no known object while objects were
 /// loaded since the list was built (call [`rebuild`], where allocating is allowed, and walk
 /// again). Clears the cache's rules for those addresses so that the next walk looks again.
+#[inline(always)]
 pub fn take_stale(cache: &mut Cache) -> bool {
     // Read first: most walks find nothing new, and a store would dirty the line every time.
-    if !cache.missed {
-        return false;
-    }
+    cache.missed && take_stale_missed(cache)
+}
+
+/// [`take_stale`] after a walk that met unknown code (out of line: rare).
+#[cold]
+#[inline(never)]
+fn take_stale_missed(cache: &mut Cache) -> bool {
     cache.missed = false;
     let used = cache.in_use.load(Ordering::Acquire);
     if used.is_null() {
@@ -794,6 +799,7 @@ pub fn newest_generation() -> u64 {
 }
 
 /// Whether the object list has been built.
+#[inline]
 pub fn ready() -> bool {
     !OBJECTS.load(Ordering::Acquire).is_null()
 }
@@ -1109,6 +1115,76 @@ pub fn walk(fp: usize, stack_hi: usize, cache: &mut Cache, out: &mut [u64; MAX_F
     let (lo, fp, hi) = (lo, fp as u64, stack_hi as u64);
     // The exported function keeps a frame pointer: its frame is unwound by the frame-pointer
     // rule without looking it up. `sp` is only a lower bound for the first CFA here.
+    let looked = match memo_lookup(&[0, lo, fp], lo, hi, cache, out) {
+        Lookup::Hit(n) => return n,
+        Lookup::Missed => true,
+        Lookup::NotLooked => false,
+    };
+    unwind(None, lo, fp, lo, hi, cache, out, looked)
+}
+
+/// The stack id of the walk from the exported function's frame pointer `fp` that [`walk`]
+/// would find in the thread's memo together with its id (see [`Cache::memo_stack`]), with
+/// none of a walk's set-up: `lo` is the caller's stack pointer, which [`walk_at`] is then
+/// given too (the memo is keyed by it). `None`: not there (nothing was changed but the
+/// memo's notion of the last entry, as a walk's start changes it); the caller then walks.
+///
+/// The hit path of every allocation of bench/storm.c: the same checks as [`walk`]'s memo
+/// look-up ([`Memo::find`], every stack word the walk read compared again) without the out of
+/// line call, the look-up's outcome passed around, or the entry read twice (issue 20).
+#[inline(always)]
+pub fn memo_id(fp: usize, lo: u64, stack_hi: usize, cache: &mut Cache) -> Option<u32> {
+    let caps = cache.captures;
+    cache.made = false;
+    if caps.is_null() {
+        return None;
+    }
+    // SAFETY: the thread's own captures, used by this look-up only (the caller holds the
+    // thread's cache exclusively, see `walk`).
+    let c = unsafe { &mut *caps };
+    c.memo.last = usize::MAX;
+    let ptr = OBJECTS.load(Ordering::Acquire);
+    if c.memo_pause > 0
+        || ptr.is_null()
+        || ptr != cache.in_use.load(Ordering::Relaxed)
+        || !REUSE.load(Ordering::Relaxed)
+        || stack_hi == 0
+        || (fp as u64) < lo
+    {
+        return None;
+    }
+    // SAFETY: as in `memo_lookup`.
+    let generation = unsafe { (*ptr).generation };
+    let hi = stack_hi as u64;
+    let i = c.memo.find(&[0, lo, fp as u64], lo, hi, generation)?;
+    let stack = c.memo.entries[i].stack;
+    if stack == u32::MAX {
+        return None;
+    }
+    c.memo.last = i;
+    #[cfg(test)]
+    {
+        c.hits += 1;
+    }
+    memo_account(c, true);
+    Some(stack)
+}
+
+/// [`walk`] with the lower bound of stack reads, and the memo's key, given by the caller:
+/// its own stack pointer, as given to [`memo_id`] just before (`lo` ≤ `fp`).
+#[inline(never)]
+pub fn walk_at(
+    fp: usize,
+    lo: u64,
+    stack_hi: usize,
+    cache: &mut Cache,
+    out: &mut [u64; MAX_FRAMES],
+) -> usize {
+    cache.forget_memo();
+    if stack_hi == 0 || (fp as u64) < lo {
+        return 0;
+    }
+    let (fp, hi) = (fp as u64, stack_hi as u64);
     let looked = match memo_lookup(&[0, lo, fp], lo, hi, cache, out) {
         Lookup::Hit(n) => return n,
         Lookup::Missed => true,

@@ -294,13 +294,17 @@ pub fn record_free_deferrable_headed(ptr: *mut u8) -> bool {
 /// [`record_free_deferrable_headed`] of a block whose header was just read: it names record
 /// `n` ([`header::NONE`]: none) and holds the block's size `size32` (see [`header::read`]).
 ///
+/// The header is left naming `n`: when this returns false the caller clears the block's
+/// mark and gives it to glibc at once (`free`), and rewriting it first was ~20 instructions
+/// a free for nothing (issue 20). When it returns true nothing was closed.
+///
 /// # Safety
 /// `ptr` is a block handed to `free` whose header [`header::read`] just returned as
-/// `(n, size32)`.
+/// `(n, size32)`; when this returns false, the caller clears its mark before anything else
+/// can read it (no other thread may: the program freed it).
 #[inline]
 pub unsafe fn record_free_deferrable_header(ptr: *mut u8, n: u32, size32: u32) -> bool {
-    // SAFETY: per the contract.
-    match enter_forwarded(|g, t| unsafe { erase_header(g, t, ptr as u64, n, size32) }) {
+    match enter_forwarded(|g, t| (n != header::NONE).then(|| close(g, t, n, size32))) {
         Some(_) => false,
         None => state::interrupted_recording() && state::defer(ptr as u64, None, &[], true),
     }
@@ -383,14 +387,20 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
                 }
             }
             // Without CPython's frames to splice in, a walk found in the memo with its stack id
-            // need not write its frames out: only the id is used (below).
+            // is answered first, inline; else it need not write its frames out when the memo
+            // has them: only the id is used (below).
+            if let (false, Start::FramePointer(fp)) = (splice, start) {
+                if let Some(id) = crate::dwarf::memo_id(fp, sp as u64, hi, cache) {
+                    return id;
+                }
+            }
             cache.set_id_only(!splice);
-            let n = cfi_walk(start, hi, cache, frames);
+            let n = cfi_walk(start, sp, hi, cache, frames);
             cache.set_id_only(false);
             // Code of an object loaded since the list was built (a library's constructor,
             // running inside dlopen before the hook's refresh): rebuild and walk again.
             let n = if crate::dwarf::take_stale(cache) {
-                rewalk(t, start, hi, cache, frames)
+                rewalk(t, start, sp, hi, cache, frames)
             } else {
                 n
             };
@@ -424,17 +434,19 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     id
 }
 
-/// A CFI walk from `start` (see [`crate::dwarf::walk`] and [`crate::dwarf::walk_from`]).
+/// A CFI walk from `start` (see [`crate::dwarf::walk_at`], reading the stack above `sp`,
+/// and [`crate::dwarf::walk_from`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn cfi_walk(
     start: Start,
+    sp: usize,
     hi: usize,
     cache: &mut crate::dwarf::Cache,
     frames: &mut [u64; MAX_FRAMES],
 ) -> usize {
     match start {
-        Start::FramePointer(fp) => crate::dwarf::walk(fp, hi, cache, frames),
+        Start::FramePointer(fp) => crate::dwarf::walk_at(fp, sp as u64, hi, cache, frames),
         Start::Here { pc, sp, fp } => crate::dwarf::walk_from(pc, sp, fp as u64, hi, cache, frames),
     }
 }
@@ -446,12 +458,13 @@ fn cfi_walk(
 fn rewalk(
     t: &Tls,
     start: Start,
+    sp: usize,
     hi: usize,
     cache: &mut crate::dwarf::Cache,
     frames: &mut [u64; MAX_FRAMES],
 ) -> usize {
     state::rebuild_unwind_tables(t);
-    cfi_walk(start, hi, cache, frames)
+    cfi_walk(start, sp, hi, cache, frames)
 }
 
 /// The stack id of `frames` (interned in the region if new), `u32::MAX` when not recorded.
@@ -607,6 +620,7 @@ unsafe fn erase_header(g: &Global, t: &Tls, addr: u64, n: u32, size32: u32) -> O
 /// none there, look in the address index). The trailer is trusted only when the record is live
 /// and holds this address (see [`trailer`]: 1 in 2^32 blocks without a trailer seem to have
 /// one); otherwise the block is looked up as one without a trailer. Returns the recorded size.
+#[inline(always)]
 fn erase_trailed(g: &Global, t: &Tls, addr: u64, n: u32, at: u64) -> Option<u64> {
     let w = &g.writer;
     let ours = n != trailer::NONE && (n as u64) < w.node_capacity() && {
