@@ -170,19 +170,62 @@ pub fn current_stack_bounds(is_main: bool) -> (usize, usize) {
 /// false positive costs nothing but a shorter walk.
 pub fn inside_getattr(sp: usize) -> bool {
     let start = libc::pthread_getattr_np as *const () as usize;
-    let top = readable_above(sp).min(sp.saturating_add(GETATTR_SCAN));
+    let end = sp.saturating_add(GETATTR_SCAN);
     let mut at = (sp + 7) & !7;
-    while at + 8 <= top {
-        // SAFETY: `[sp, top)` is readable (just probed) and is this thread's own stack, which
-        // nothing unmaps while the thread runs here.
-        let w = unsafe { (at as *const usize).read() };
-        if w > start && w - start < GETATTR_CODE {
+    // Read through the kernel, not by plain loads: a new thread's `sp` lies a few KiB below
+    // the end of its stack, so the scan runs on into whatever is mapped next, which another
+    // thread may unmap at any moment (helper M, 1: a Python thread's first `free` faulted on
+    // the shim's own per-thread memo that an exiting thread had just released; threaded
+    // CPython servers died with SIGSEGV within seconds).
+    let mut buf = [0u64; GETATTR_CHUNK / 8];
+    while at < end {
+        let want = (end - at).min(GETATTR_CHUNK) & !7;
+        if want == 0 {
+            break;
+        }
+        // One remote iovec per page: the kernel stops at the first page it cannot read and
+        // never splits an iovec, so what it copies is the readable start of the range.
+        let mut remote = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; GETATTR_CHUNK / 4096 + 1];
+        let (mut k, mut a) = (0, at);
+        while a < at + want {
+            let next = ((a & !4095) + 4096).min(at + want);
+            remote[k] = libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: next - a,
+            };
+            k += 1;
+            a = next;
+        }
+        let local = [libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: want,
+        }];
+        // SAFETY: `local` describes `buf` (`want` ≤ its size, writable); the kernel checks
+        // every remote address. errno is kept.
+        let n = unsafe { vm_read_self(&local, &remote[..k]) };
+        if n <= 0 {
+            return false;
+        }
+        let n = n as usize;
+        if buf[..n / 8]
+            .iter()
+            .any(|&w| (w as usize) > start && (w as usize) - start < GETATTR_CODE)
+        {
             return true;
         }
-        at += 8;
+        if n < want {
+            return false;
+        }
+        at += want;
     }
     false
 }
+
+/// Bytes [`inside_getattr`] copies at a time (a buffer on the registering thread's stack).
+const GETATTR_CHUNK: usize = 8192;
 
 /// Bytes of stack [`inside_getattr`] searches: the shim's frames between the allocator entry
 /// and the question (a few KiB) and `pthread_getattr_np`'s own.
