@@ -354,7 +354,10 @@ fn round(
             Ok(c) => c,
             Err(err) => {
                 let why = format!("{err:#}").replace('\n', "; ");
-                if regions::proc_start_ticks(e.file.pid) != Some(e.file.start_ticks) {
+                // Gone, or exiting: the shim removes its region at a clean exit, possibly
+                // before the process is (helper M, 5: a pre-fork server's worker that exited
+                // between the listing and its snapshot was counted a failure).
+                if process_gone(&e.file) {
                     followed.remove(&e.file.pid);
                     eprintln!(
                         "heapdump: pid {} ({label}): exited; no longer watched",
@@ -491,6 +494,14 @@ fn safe_name(name: &str) -> String {
 }
 
 /// `NAME-PID-YYYYMMDDTHHMMSSZ.pb.gz` for the beat at `t` (ns since the epoch).
+/// Whether the process of region `file`, whose snapshot just failed, is gone or exiting
+/// rather than failing: another process has its pid now, or its region file is no longer
+/// there (the shim removes it at a clean exit, possibly before the process is gone).
+fn process_gone(file: &regions::RegionFile) -> bool {
+    regions::proc_start_ticks(file.pid) != Some(file.start_ticks)
+        || std::fs::symlink_metadata(&file.path).is_err()
+}
+
 fn file_name(name: &str, pid: u32, t: u128) -> PathBuf {
     let stamp: String = utc(t).chars().filter(|c| *c != '-' && *c != ':').collect();
     PathBuf::from(format!("{}-{pid}-{stamp}.pb.gz", safe_name(name)))
@@ -564,6 +575,30 @@ fn report(t: &Tally, queue: Option<&push::queue::Queue>) {
 
 #[cfg(test)]
 mod tests {
+    /// Helper M, 5: a worker whose region its clean exit removed, still running (as its pid
+    /// and start time say), is gone; with its region there, a failed snapshot is a failure.
+    #[test]
+    fn a_process_whose_region_is_removed_is_gone_not_failed() {
+        let me = std::process::id();
+        let ticks = crate::regions::proc_start_ticks(me).expect("own start time");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        std::fs::write(&path, b"x").unwrap();
+        let file = |path: &std::path::Path, start_ticks| crate::regions::RegionFile {
+            path: path.to_path_buf(),
+            pid: me,
+            start_ticks,
+            created_ns: 0,
+        };
+        assert!(!process_gone(&file(&path, ticks)), "running, region there");
+        assert!(
+            process_gone(&file(&path, ticks + 1)),
+            "another process has the pid"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert!(process_gone(&file(&path, ticks)), "running, region removed");
+    }
+
     use super::*;
 
     #[test]

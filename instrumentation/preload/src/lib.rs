@@ -664,6 +664,19 @@ unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_
         }
         return q;
     }
+    // The old block's usable size is glibc's to tell, through a function looked up at
+    // start-up (never from here: see `constructor`); before that, this block is left to
+    // glibc's realloc and not sampled.
+    if REAL_USABLE.load(Ordering::Acquire) == 0 {
+        // SAFETY: forwarding to glibc with the caller's arguments.
+        let q = unsafe { __libc_realloc(ptr, size) };
+        if q.is_null() {
+            if let Some(old_size) = old {
+                record_sampled(ptr as *mut u8, old_size as usize, fp, true, 0);
+            }
+        }
+        return q;
+    }
     // SAFETY: as in malloc.
     let (q, at) = unsafe { new_marked(size, __libc_malloc) };
     if q.is_null() {
@@ -676,7 +689,7 @@ unsafe fn realloc_sampling(ptr: *mut c_void, size: size_t, fp: usize) -> *mut c_
     // program's (glibc's own realloc copies them the same way), and the two blocks are
     // distinct; then the old block goes back to glibc, as glibc's realloc does when it moves.
     unsafe {
-        let keep = malloc_usable_size(ptr).min(size);
+        let keep = glibc_usable(ptr).min(size);
         std::ptr::copy_nonoverlapping(ptr as *const u8, q as *mut u8, keep);
         __libc_free(ptr);
         record_sampled(q as *mut u8, size, fp, old.is_some(), at);
@@ -839,6 +852,20 @@ fn glibc_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
         cache.store(f, Ordering::Release);
     }
     f
+}
+
+/// glibc's `malloc_usable_size` of `ptr`, a block of glibc's without a mark, through the
+/// function [`constructor`] looked up (0 when it did not).
+///
+/// # Safety
+/// `ptr` is a live block glibc made.
+unsafe fn glibc_usable(ptr: *mut c_void) -> size_t {
+    let f = REAL_USABLE.load(Ordering::Acquire);
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: `f` is glibc's malloc_usable_size, of this signature; `ptr` is its block.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> size_t>(f)(ptr) }
 }
 
 /// `malloc_usable_size(3)`, forwarded to glibc's.
@@ -1148,6 +1175,12 @@ fn set_errno(v: c_int) {
 }
 
 extern "C" fn constructor() {
+    // Looked up now, outside any allocator call: `dlsym` from inside one (the first sampled
+    // `realloc`, which copies a block `malloc_usable_size` long) ran while glibc's `dlerror`
+    // was formatting its message with `asprintf`, and the nested lookup freed the thread's
+    // dlerror result under it: heap corruption, SIGSEGV (helper L, 1: `python3 -c pass` at a
+    // 64-byte sampling interval, 40 of 40 runs).
+    glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0");
     heapdump_instrumentation::state::set_real_free(free_block);
     if !attach::decide_preloaded() {
         // `dlopen`ed by `heapdump attach`: recording starts in its entry, not lazily at the
