@@ -414,6 +414,7 @@ pub(crate) fn child_region(g: &Global, t: &Tls, lease: u64) -> bool {
         gm.path = created.path;
         gm.pid = libc::getpid() as u32;
     }
+    crate::state::forget_stripes_in_child(t);
     t.slot.set(0); // registers again, in the new region, at the next operation
     t.tid.set(gettid());
     w.set_state(STATE_READY);

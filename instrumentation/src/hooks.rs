@@ -560,7 +560,13 @@ fn insert(
         }
     }
     if stack != u32::MAX {
-        w.count_alloc(stack, slot_idx as usize, size);
+        // The thread's own stripe without a locked instruction, else the shared one.
+        match t.stripe.get() {
+            s if (s as usize) < vmo_layout::v1::STRIPES - 1 => {
+                w.count_alloc_owned(stack, s as usize, size)
+            }
+            _ => w.count_alloc(stack, vmo_layout::v1::STRIPES - 1, size),
+        }
     }
     RegionWriter::op_begin(slot, node.unwrap_or(u32::MAX));
     let (now, _) = w.stamp(now_ns());

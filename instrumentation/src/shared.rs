@@ -77,6 +77,13 @@ pub fn forwarding<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` as the shim's own work (see [`internal`]) on the calling thread.
+/// Runs `f` as the shim's own work ([`internal`]: its allocations go to glibc unrecorded): for
+/// the preloaded library's look-ups in its constructor (`dlopen` of libc with `RTLD_NOLOAD`
+/// leaves the loader a 40-byte block that is not the program's).
+pub fn own_work<R>(f: impl FnOnce() -> R) -> R {
+    internal_work(f)
+}
+
 pub(crate) fn internal_work<R>(f: impl FnOnce() -> R) -> R {
     with_tls(|t| internal(t, f))
 }
@@ -199,6 +206,9 @@ pub struct Tls {
     /// Timestamp of this thread's last operation (ns): the "now" for the lease-expiry check
     /// made before an operation's window.
     pub(crate) last_now: Cell<u64>,
+    /// The per-stack counter stripe this thread alone writes ([`crate::state::claim_stripe`]);
+    /// [`crate::state::NO_STRIPE`]: none, the shared stripe's locked additions.
+    pub(crate) stripe: Cell<u8>,
     /// CFI rule cache of this thread (null until its first CFI unwind).
     #[cfg(target_arch = "x86_64")]
     pub(crate) dwarf_cache: Cell<*mut crate::dwarf::Cache>,
@@ -260,6 +270,7 @@ impl Tls {
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
             last_now: Cell::new(0),
+            stripe: Cell::new(crate::state::NO_STRIPE),
             #[cfg(target_arch = "x86_64")]
             dwarf_cache: Cell::new(std::ptr::null_mut()),
             exited: Cell::new(false),

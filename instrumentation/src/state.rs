@@ -15,7 +15,7 @@ use crate::region;
 pub use crate::shared::*;
 use crate::stacks::StackIndex;
 use crate::sys::map_anon;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use vmo_layout::clock::now_ns;
 use vmo_layout::v1::{STATE_EXITED, STATE_READY};
 
@@ -322,11 +322,57 @@ pub(crate) fn register_thread(g: &Global, t: &Tls) {
     {
         Some(i) => {
             t.slot.set(i + 1);
+            claim_stripe(t);
             // SAFETY: the key was created at init; the value is an integer tag, not a pointer.
             unsafe { libc::pthread_setspecific(g.key, (i as usize + 1) as *const libc::c_void) };
             note_private(t);
         }
         None => t.slot.set(EXITED),
+    }
+}
+
+/// [`Tls::stripe`] of a thread that owns no counter stripe.
+pub(crate) const NO_STRIPE: u8 = u8::MAX;
+
+/// The per-stack counter stripes a thread may own, all but the last (`STRIPES - 1`, shared
+/// by every other thread and the orphan slot with locked additions): each holds the thread
+/// id of its owner, 0 when free. Process-local; the region's readers sum every stripe, so
+/// which stripe counted an allocation does not show.
+static STRIPE_OWNERS: [AtomicU32; vmo_layout::v1::STRIPES - 1] =
+    [const { AtomicU32::new(0) }; vmo_layout::v1::STRIPES - 1];
+
+/// Gives the thread a counter stripe of its own if one is free (at registration): its
+/// allocations are then counted without a locked instruction
+/// ([`vmo_layout::RegionWriter::count_alloc_owned`]). The Acquire pairs with the previous
+/// owner's release, so the counts it left are the ones added to.
+pub(crate) fn claim_stripe(t: &Tls) {
+    let tid = t.tid.get().max(1);
+    for (k, owner) in STRIPE_OWNERS.iter().enumerate() {
+        if owner
+            .compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            t.stripe.set(k as u8);
+            return;
+        }
+    }
+}
+
+/// Gives the thread's stripe back (at its exit): its last counts happen before the next
+/// owner's first.
+pub(crate) fn release_stripe(t: &Tls) {
+    let k = t.stripe.replace(NO_STRIPE);
+    if let Some(owner) = STRIPE_OWNERS.get(k as usize) {
+        owner.store(0, Ordering::Release);
+    }
+}
+
+/// In a forked child (one thread, the one that forked): no other thread owns a stripe, and
+/// this one claims again when it registers in the child's region.
+pub(crate) fn forget_stripes_in_child(t: &Tls) {
+    t.stripe.set(NO_STRIPE);
+    for owner in &STRIPE_OWNERS {
+        owner.store(0, Ordering::Relaxed);
     }
 }
 
@@ -424,6 +470,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
             };
             g.writer.release_thread(slot - 1, dead);
         }
+        release_stripe(t);
         t.slot.set(EXITED);
         t.guard.set(outer);
     });

@@ -1180,7 +1180,9 @@ extern "C" fn constructor() {
     // was formatting its message with `asprintf`, and the nested lookup freed the thread's
     // dlerror result under it: heap corruption, SIGSEGV (helper L, 1: `python3 -c pass` at a
     // 64-byte sampling interval, 40 of 40 runs).
-    glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0");
+    heapdump_instrumentation::state::own_work(|| {
+        glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0")
+    });
     heapdump_instrumentation::state::set_real_free(free_block);
     if !attach::decide_preloaded() {
         // `dlopen`ed by `heapdump attach`: recording starts in its entry, not lazily at the
