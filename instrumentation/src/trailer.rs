@@ -28,7 +28,8 @@
 //! 1 M blocks of 16–64 B: 59.9 B per live block with headers, 51.5 with trailers). And the
 //! program's block stays glibc's block: nothing shifts the pointer, so a small block reaching
 //! glibc without the shim (`__libc_free`, a library bound to glibc directly) is freed
-//! correctly, and a false match cannot make the shim free the wrong address. Why only small
+//! correctly (its record stays live, unseen: README's `HEAPDUMP_BLOCK_HEADERS`), and a false
+//! match cannot make the shim free the wrong address. Why only small
 //! blocks: a larger block's last word is a cache line of its own, which glibc's free of a block
 //! it keeps in its thread cache never loads; a header costs such a block at most an eighth.
 //!
