@@ -524,16 +524,26 @@ fn insert(
     // SAFETY: `addr` is a block just returned by the malloc family or CPython's allocator.
     let headed = at == header::JUST_HEADED
         || (at == 0 && header::on() && unsafe { header::read(addr) }.is_some());
+    // A record of an earlier block at this address still live: that block went back to glibc
+    // without the shim (the address index finds it; a trailer left behind names it).
+    let mut closed = None;
     if at > header::JUST_HEADED {
+        // glibc just handed out `addr`: a live record there is of a block freed without the
+        // shim (`__libc_free` of a small block: helper L, 3, a million such frees left a
+        // million live records and "region damaged").
+        // SAFETY: `at` is the trailer's place the wrapper found for this block (see `trailer`).
+        if let Some(m) = unsafe { trailer::left_at(at, addr) } {
+            closed = live_at(w, m, addr).then_some(m);
+        }
         if let Some(n) = node {
-            // SAFETY: `at` is the trailer the wrapper wrote for this block (see `trailer`).
+            // SAFETY: as above.
             unsafe { trailer::write(at, addr, n) };
         }
     } else if let (Some(n), true) = (node, headed) {
         // SAFETY: the block has a header (just read), written by the shim's allocation.
         unsafe { header::write(addr, n, header::size32(size)) };
     } else if let Some(n) = node {
-        let closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
+        closed = match state::INDEX.insert(addr, n, size.min(u32::MAX as u64) as u32) {
             Ok(None) => {
                 if state::sample_interval() != 0 {
                     state::PRESENCE.add(addr);
@@ -549,15 +559,15 @@ fn insert(
                 None
             }
         };
-        if let Some(c) = closed {
-            RegionWriter::op_begin(slot, c);
-            let (now, last) = w.stamp(now_ns());
-            let old_size = w.erase_node(c, now);
-            add(&slot.frees, 1);
-            add(&slot.free_bytes, old_size);
-            RegionWriter::op_end(slot);
-            retire(g, t, c, last);
-        }
+    }
+    if let Some(c) = closed {
+        RegionWriter::op_begin(slot, c);
+        let (now, last) = w.stamp(now_ns());
+        let old_size = w.erase_node(c, now);
+        add(&slot.frees, 1);
+        add(&slot.free_bytes, old_size);
+        RegionWriter::op_end(slot);
+        retire(g, t, c, last);
     }
     if stack != u32::MAX {
         // The thread's own stripe without a locked instruction, else the shared one.
@@ -620,6 +630,16 @@ unsafe fn erase_header(g: &Global, t: &Tls, addr: u64, n: u32, size32: u32) -> O
     // SAFETY: per the contract.
     unsafe { header::write(addr, header::NONE, size32) };
     Some(close(g, t, n, size32))
+}
+
+/// Whether record `n` is live and of the block at `addr`.
+#[inline(always)]
+fn live_at(w: &RegionWriter, n: u32, addr: u64) -> bool {
+    (n as u64) < w.node_capacity() && {
+        let node = w.node(n);
+        node.address.load(Ordering::Relaxed) == addr
+            && node.t_free.load(Ordering::Relaxed) == vmo_layout::v1::TIME_NONE
+    }
 }
 
 /// Erases the record of block `addr`, whose trailer at `at` names record `n` ([`trailer::NONE`]:

@@ -28,7 +28,7 @@
 //! 1 M blocks of 16–64 B: 59.9 B per live block with headers, 51.5 with trailers). And the
 //! program's block stays glibc's block: nothing shifts the pointer, so a small block reaching
 //! glibc without the shim (`__libc_free`, a library bound to glibc directly) is freed
-//! correctly (its record stays live, unseen: README's `HEAPDUMP_BLOCK_HEADERS`), and a false
+//! correctly (its record stays live until glibc hands the address out again: [`left_at`]), and a false
 //! match cannot make the shim free the wrong address. Why only small
 //! blocks: a larger block's last word is a cache line of its own, which glibc's free of a block
 //! it keeps in its thread cache never loads; a header costs such a block at most an eighth.
@@ -147,6 +147,20 @@ pub unsafe fn read(p: u64) -> Option<(u32, u64)> {
     // as without a trailer it is the program's data.
     let w = unsafe { std::ptr::read_volatile(at as *const u64) };
     (w == word(p, w as u32)).then_some((w as u32, at))
+}
+
+/// The record a trailer left at `at` names for block `p`, when the word there is one (it is
+/// cleared whenever the shim frees the block, so a trailer still there for a block glibc just
+/// handed out is that of a block freed without the shim: `__libc_free`). Cheap when there is
+/// none: one load of the line the new trailer is written to, and a test for 0.
+///
+/// # Safety
+/// `at` is [`locate`]`(p)` for a block glibc just returned (its usable area is mapped).
+#[inline(always)]
+pub unsafe fn left_at(at: u64, p: u64) -> Option<u32> {
+    // SAFETY: per the contract; volatile, as it is the program's bytes of an earlier block.
+    let w = unsafe { std::ptr::read_volatile(at as *const u64) };
+    (w != 0 && w == word(p, w as u32)).then_some(w as u32)
 }
 
 /// Writes block `p`'s trailer at `at` (from [`locate`]) naming `node`.
