@@ -120,7 +120,8 @@ pub fn script_kind(system: &str, file: &str) -> Option<FrameKind<'static>> {
 /// [`FrameKind::Runtime`] frames, and the native code of the object that ran the innermost
 /// script frame — the first native frame outside it (CPython's eval loop in `python3.X` or
 /// `libpython3.X.so`, V8's entry trampoline in `node`), whatever the files are called — and of
-/// CPython's extension modules (`*.cpython-*.so`, `*.abi3.so`, PEP 3149's names).
+/// CPython's extension modules (`*.cpython-*.so`, `*.abi3.so`, PEP 3149's names) and of libffi
+/// (`libffi.so*`, ctypes' calls).
 pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
     let innermost = (kinds.iter().position(|k| *k == FrameKind::Script))
         .or_else(|| kinds.iter().position(|k| *k == FrameKind::Runtime))?;
@@ -144,9 +145,13 @@ pub fn script_hint(kinds: &[FrameKind<'_>]) -> Option<ScriptHint> {
                 _ => None,
             })
         });
+    // libffi too: ctypes' call machinery, whose unnamed trampoline was the site of every
+    // block a script allocated by calling `malloc` itself through ctypes (helper O, 2: two
+    // functions' leaks merged into one `libffi.so.8+0x6f79`); a library function called
+    // through ctypes is innermost and keeps its site.
     let extension = |file: &str| {
         let name = file.rsplit('/').next().unwrap_or(file);
-        name.contains(".cpython-") || name.ends_with(".abi3.so")
+        name.contains(".cpython-") || name.ends_with(".abi3.so") || name.starts_with("libffi.so")
     };
     let interpreter = (0..innermost)
         .filter(|&i| match kinds[i] {
@@ -378,6 +383,32 @@ mod tests {
             "depth57",
         ]);
         assert_eq!(s.site_hinted(&frames, Some(&h)), "lose_one");
+        // `malloc` itself called through ctypes: libffi's unnamed frames are the runtime's,
+        // the site the script's function (helper O, 2).
+        let ffi = Some("/usr/lib/x86_64-linux-gnu/libffi.so.8.1.2");
+        let ctypes =
+            Some("/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so");
+        let kinds = [
+            Native(libc),
+            Native(ffi),
+            Native(ffi),
+            Native(ctypes),
+            Native(py),
+            Script,
+            Native(py),
+        ];
+        let h = script_hint(&kinds).unwrap();
+        assert_eq!(h.interpreter, vec![1, 2, 3, 4]);
+        let frames = names(&[
+            "malloc",
+            "libffi.so.8+0x6f79",
+            "ffi_call",
+            "_ctypes_callproc",
+            "_PyEval_EvalFrameDefault",
+            "c_leak",
+            "main",
+        ]);
+        assert_eq!(s.site_hinted(&frames, Some(&h)), "c_leak");
         let kinds = [Native(libc), Native(py), Native(py), Script, Script];
         let h = script_hint(&kinds).unwrap();
         assert_eq!(h.interpreter, vec![1, 2]);
