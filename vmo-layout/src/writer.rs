@@ -922,16 +922,22 @@ impl RegionWriter {
     /// Counts one allocation of `bytes` from stack `id` in counter stripe `stripe`.
     #[inline]
     pub fn count_alloc(&self, id: u32, stripe: usize, bytes: u64) {
-        let stacks = self.capacity(section::STACK_ENTRIES);
-        if id as u64 >= stacks {
-            return;
+        if let Some(c) = self.stack_counter(id, stripe) {
+            c.count.fetch_add(1, Ordering::Relaxed);
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        let c: &StackCounterV1 = self.entry(
-            section::STACK_COUNTERS,
-            (stripe % STRIPES) as u64 * stacks + id as u64,
-        );
-        c.count.fetch_add(1, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The counter of stack `id` in stripe `stripe`; `None` for an id beyond the stack table.
+    #[inline]
+    fn stack_counter(&self, id: u32, stripe: usize) -> Option<&StackCounterV1> {
+        let stacks = self.capacity(section::STACK_ENTRIES);
+        (u64::from(id) < stacks).then(|| {
+            self.entry(
+                section::STACK_COUNTERS,
+                (stripe % STRIPES) as u64 * stacks + id as u64,
+            )
+        })
     }
 
     /// [`Self::count_alloc`] by the only writer of counter stripe `stripe`: a load and a
@@ -942,22 +948,13 @@ impl RegionWriter {
     /// allocation were ~20 ns of a malloc's ~110 ns of recording on this 2-core VM (issue 20).
     #[inline]
     pub fn count_alloc_owned(&self, id: u32, stripe: usize, bytes: u64) {
-        let stacks = self.capacity(section::STACK_ENTRIES);
-        if id as u64 >= stacks {
-            return;
+        if let Some(c) = self.stack_counter(id, stripe) {
+            let add = |a: &AtomicU64, v: u64| {
+                a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed)
+            };
+            add(&c.count, 1);
+            add(&c.bytes, bytes);
         }
-        let c: &StackCounterV1 = self.entry(
-            section::STACK_COUNTERS,
-            (stripe % STRIPES) as u64 * stacks + id as u64,
-        );
-        c.count.store(
-            c.count.load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
-        c.bytes.store(
-            c.bytes.load(Ordering::Relaxed).wrapping_add(bytes),
-            Ordering::Relaxed,
-        );
     }
 
     // ---- Python code records --------------------------------------------------------------
