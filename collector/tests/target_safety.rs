@@ -1305,3 +1305,82 @@ fn blocks_freed_past_the_shim_leave_no_records_once_reused() {
     assert_eq!([s[2], s[3]], [1, 24], "live blocks through churn_libc_free");
     assert_eq!(r.finish(), 0);
 }
+
+/// Helper N, 1: a thread with a pending cancel must get through `malloc` and `dlopen`, which
+/// are no cancellation points; the shim called glibc's `fallocate` (growing its table) and
+/// `open`/`read` (its module table) inside them, the thread was cancelled there with the
+/// shim's lock held, and the program hung (5 of 5 runs each). Cancellation is now off in the
+/// shim's own work.
+#[test]
+fn a_pending_cancel_waits_for_the_programs_own_cancellation_point() {
+    let exe = compile_c("cancel_pending", &[]);
+    for what in ["malloc", "dlopen"] {
+        let dir = region_dir(&format!("cancel-{what}"));
+        let t = run_timeout(
+            Command::new(&exe)
+                .arg(what)
+                .env("LD_PRELOAD", shim())
+                .env("HEAPDUMP_DIR", &dir),
+            std::time::Duration::from_secs(60),
+        );
+        assert!(!t.timed_out, "{what}: hung; {}", t.stdout);
+        assert_eq!(t.code, Some(0), "{what}: {}{}", t.stdout, t.stderr);
+        assert_eq!(t.stdout, "reached yes\ndone cancelled\n", "{what}");
+    }
+}
+
+/// Helper N, 2: another preloaded library whose `fstat` allocates on its first call
+/// (libfaketime's): the shim's start-up called `fstat` before claiming start-up, so that
+/// allocation started it again, for ever, and every program crashed at start, in either
+/// preload order.
+#[test]
+fn another_preloads_allocating_wrappers_do_not_restart_the_shims_start_up() {
+    let lib = compile_lib("fstat_interposer.c", "libfstat_interposer.so", &["-ldl"]);
+    for order in [
+        format!("{}:{}", shim().display(), lib.display()),
+        format!("{}:{}", lib.display(), shim().display()),
+    ] {
+        let dir = region_dir("fstat-interposer");
+        let t = run_timeout(
+            Command::new("ls")
+                .arg("/")
+                .env("LD_PRELOAD", &order)
+                .env("HEAPDUMP_DIR", &dir),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(t.code, Some(0), "LD_PRELOAD={order}: {}", t.stderr);
+        assert!(t.stdout.lines().any(|l| l == "usr"), "{}", t.stdout);
+    }
+}
+
+/// Helper N, 3: with jemalloc preloaded ahead of the shim (README: it owns `malloc` and keeps
+/// its blocks unrecorded), `reallocarray`, which jemalloc does not define, was the shim's and
+/// gave jemalloc's block to glibc's `realloc`: abort ("realloc(): invalid pointer"); `wc`,
+/// `sort` and `tar` crashed through gnulib's `xreallocarray`. It now goes to the `realloc` in
+/// force.
+#[test]
+fn reallocarray_follows_an_allocator_preloaded_ahead() {
+    let jemalloc = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    if !jemalloc.exists() {
+        skip_note(&format!(
+            "skipped: reallocarray_follows_an_allocator_preloaded_ahead: no {} (Debian's libjemalloc2)",
+            jemalloc.display()
+        ));
+        return;
+    }
+    let exe = compile_c("reallocarray_other", &[]);
+    let dir = region_dir("reallocarray-other");
+    let preload = format!("{}:{}", jemalloc.display(), shim().display());
+    for cmd in [Command::new(&exe), {
+        let mut c = Command::new("sort");
+        c.args(["-S", "1M", "/etc/services"]);
+        c
+    }] {
+        let mut cmd = cmd;
+        let t = run_timeout(
+            cmd.env("LD_PRELOAD", &preload).env("HEAPDUMP_DIR", &dir),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(t.code, Some(0), "{cmd:?}: {}", t.stderr);
+    }
+}

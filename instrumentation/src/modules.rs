@@ -30,6 +30,11 @@ struct Ctx<'a> {
 /// longer loaded are marked unloaded. `exe_path` names the main executable (whose `dlpi_name`
 /// is empty).
 pub fn refresh(w: &RegionWriter, exe_path: &[u8]) {
+    // Reading /proc/self/maps calls cancellation points with the lock held (helper N, 1).
+    vmo_layout::clock::without_cancel(|| refresh_locked(w, exe_path));
+}
+
+fn refresh_locked(w: &RegionWriter, exe_path: &[u8]) {
     let _held = LOCK.lock();
     // SAFETY: LOCK makes us the only writer of the module table in this process.
     unsafe {

@@ -105,7 +105,10 @@ pub(crate) fn internal<R>(t: &Tls, f: impl FnOnce() -> R) -> R {
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
     }
     let outer = t.guard.replace(GUARD_INTERNAL);
-    let r = f();
+    // The shim's own work calls cancellation points (`open`, `read`, `mkdir`…) from inside
+    // allocator calls, which are none: a pending cancel waits for the program's next one
+    // (helper N, 1).
+    let r = vmo_layout::clock::without_cancel(f);
     t.guard.set(outer);
     // SAFETY: restores the mask saved above, then errno.
     unsafe {

@@ -179,13 +179,15 @@ pub fn interrupted_recording() -> bool {
 /// Starts recording if nobody has yet. Safe to call from any thread at any time.
 #[cold]
 pub fn init() {
-    crate::sys::note_stderr();
     if STATE
         .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
         return;
     }
+    // After the claim: what it calls may allocate (another preload's wrappers), and that
+    // allocation must find start-up under way, not start it again (helper N, 2).
+    crate::sys::note_stderr();
     with_tls(|t| {
         internal(t, || {
             let ok = init_locked();

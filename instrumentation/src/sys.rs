@@ -286,10 +286,18 @@ pub fn note_stderr() {
     }
     // SAFETY: a zeroed stat is valid for fstat to fill.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of a descriptor number into a writable buffer; errno is restored.
+    // The system call itself, not glibc's `fstat`: another preloaded library's `fstat`
+    // (libfaketime's) may allocate on its first call, which starts the shim's start-up again
+    // from here, for ever (helper N, 2: every program crashed under libfaketime).
+    // SAFETY: fstat(2) of a descriptor number into a writable `struct stat` (x86-64 and
+    // aarch64: glibc's layout is the kernel's); errno is restored.
     let ok = unsafe {
         let saved = *libc::__errno_location();
-        let ok = libc::fstat(2, &mut st) == 0;
+        let ok = libc::syscall(
+            libc::SYS_fstat,
+            2 as libc::c_long,
+            &mut st as *mut libc::stat,
+        ) == 0;
         *libc::__errno_location() = saved;
         ok
     };

@@ -60,3 +60,23 @@ fn fence_after_clock() {
     #[cfg(not(target_arch = "x86_64"))]
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
+
+/// Runs `f` with the calling thread's cancellation disabled (`pthread_setcancelstate`), then
+/// restores it: for work that calls glibc functions that are cancellation points (`fallocate`,
+/// `open`, `read`, `write`…) from inside an allocator call, which POSIX says is no
+/// cancellation point. A pending cancel is acted on at the thread's next real one.
+pub fn without_cancel<R>(f: impl FnOnce() -> R) -> R {
+    // Not in the `libc` crate: glibc's declaration (pthread.h), `PTHREAD_CANCEL_DISABLE` 1.
+    extern "C" {
+        fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+    }
+    const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+    let mut old = 0;
+    // SAFETY: pthread_setcancelstate with a valid state and a writable out-parameter; it is
+    // not itself a cancellation point.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+    let r = f();
+    // SAFETY: as above, restoring the state saved.
+    unsafe { pthread_setcancelstate(old, std::ptr::null_mut()) };
+    r
+}

@@ -1275,6 +1275,13 @@ impl Backing {
     #[cold]
     #[inline(never)]
     fn grow(&self, w: &RegionWriter, kind: u32, need: u64, want: u64, wait: bool) -> bool {
+        // `fallocate` and `pwritev` are cancellation points: a thread with a pending cancel
+        // (POSIX: not acted on inside malloc) was unwound from here with the lock held, and
+        // every other thread then waited for it for ever (helper N, 1).
+        crate::clock::without_cancel(|| self.grow_locked(w, kind, need, want, wait))
+    }
+
+    fn grow_locked(&self, w: &RegionWriter, kind: u32, need: u64, want: u64, wait: bool) -> bool {
         let i = kind as usize - 1;
         let sec = &w.sections[i];
         if need > sec.capacity {

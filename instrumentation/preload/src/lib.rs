@@ -709,8 +709,43 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t)
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
+    // Another allocator preloaded ahead of the shim owns `realloc` but may have no
+    // `reallocarray` (jemalloc): its blocks go to its `realloc`, never to glibc's (helper N,
+    // 3: `wc`, `sort`, `tar` crashed through gnulib's `xreallocarray`).
+    let other = REALLOC_IN_FORCE.load(Ordering::Acquire);
+    if other != 0 {
+        // SAFETY: `other` is the `realloc` the process's symbol search finds, of this
+        // signature; the caller's contract for reallocarray, with the product checked.
+        return unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void>(
+                other,
+            )(ptr, total)
+        };
+    }
     // SAFETY: the caller's contract for reallocarray, with the product checked.
     unsafe { realloc_impl(ptr, total, fp) }
+}
+
+/// The `realloc` the process's global symbol search finds when it is not the shim's (another
+/// allocator preloaded ahead of it); 0 otherwise. Set by [`constructor`].
+static REALLOC_IN_FORCE: AtomicUsize = AtomicUsize::new(0);
+
+/// Notes the `realloc` in force (see [`REALLOC_IN_FORCE`]).
+fn note_realloc_in_force() {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"realloc".as_ptr()) };
+    // Whose it is, by the object it lies in (the shim's own references to `realloc` bind to
+    // the one in force too, so its address says nothing).
+    let object = |p: *const c_void| {
+        // SAFETY: a zeroed Dl_info is valid for dladdr to fill; `p` is only looked up.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::dladdr(p, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    };
+    let own = object(note_realloc_in_force as *const () as *const c_void);
+    if !f.is_null() && own.is_some() && object(f) != own {
+        REALLOC_IN_FORCE.store(f as usize, Ordering::Release);
+    }
 }
 
 /// `memalign(3)`.
@@ -1181,7 +1216,8 @@ extern "C" fn constructor() {
     // dlerror result under it: heap corruption, SIGSEGV (helper L, 1: `python3 -c pass` at a
     // 64-byte sampling interval, 40 of 40 runs).
     heapdump_instrumentation::state::own_work(|| {
-        glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0")
+        glibc_symbol(&REAL_USABLE, b"malloc_usable_size\0");
+        note_realloc_in_force();
     });
     heapdump_instrumentation::state::set_real_free(free_block);
     if !attach::decide_preloaded() {
