@@ -1384,3 +1384,28 @@ fn reallocarray_follows_an_allocator_preloaded_ahead() {
         assert_eq!(t.code, Some(0), "{cmd:?}: {}", t.stderr);
     }
 }
+
+/// Helper N, 6: `vfork` + `execl` left the parent 4 KiB bigger each time (the shim's argument
+/// vector was a mapping of its own, made in the shared address space of the vfork child and
+/// never unmapped after the exec). 1,000 rounds: the build before grew by 4,000 KiB; now the
+/// vector is on the stack, as glibc's `execl` builds it.
+#[test]
+fn vfork_and_execl_leave_the_parent_its_size() {
+    let exe = compile_c("vfork_execl", &[]);
+    let dir = region_dir("vfork-execl");
+    let t = run_timeout(
+        Command::new(&exe)
+            .arg("1000")
+            .env("LD_PRELOAD", shim())
+            .env("HEAPDUMP_DIR", &dir),
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
+    let grew: i64 = (t.stdout.trim().strip_prefix("grew "))
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("output {:?}", t.stdout));
+    assert!(
+        grew < 1024,
+        "VmSize grew by {grew} KiB over 1,000 vfork + execl"
+    );
+}
