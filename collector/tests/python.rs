@@ -371,6 +371,12 @@ fn graph_profile_keeps_angle_bracket_names() {
 /// `leaks` prints one group for blocks whose stacks print alike: 7 buffers of 12,345 bytes a
 /// Python loop loses through ctypes (on 3.13 the loop's iterations return to different
 /// addresses of one line, which made a group of 6 and one of 1 with the same frames).
+///
+/// The scan is conservative, so a word that happens to hold an address inside a buffer keeps
+/// it reachable: in about 1 run of 25 one buffer is held by four characters of text in the
+/// data of Debian's non-PIE python3.11, whose brk heap lies below 4 GiB ("eam." reads as
+/// 0x2e6d6165), or by stale bytes in a code object's padding. Such a run (one group of 6) is
+/// retried with a new process, at most three times; two groups, or another count, fail at once.
 #[test]
 fn leaks_groups_stacks_that_print_alike() {
     for (label, py) in pythons("leaks_groups_stacks_that_print_alike") {
@@ -382,19 +388,26 @@ fn leaks_groups_stacks_that_print_alike() {
                    lose_buffers()\n\
                    print('ready', os.getpid(), flush=True)\n\
                    sys.stdin.read()\n";
-        let (r, _) = run_script(&py, &dir, "lose", src, false);
-        let (ok, out, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &r.pid().to_string()]);
-        assert!(ok, "{label}: {err}");
-        let groups: Vec<&str> = out
-            .split("\n\n")
-            .filter(|g| g.contains("lose_buffers"))
-            .collect();
-        assert_eq!(groups.len(), 1, "{label}: {out}");
-        assert!(
-            groups[0].starts_with("Direct leak of 86415 byte(s) in 7 object(s)"),
-            "{label}: {out}"
-        );
-        assert_eq!(r.finish(), 0);
+        for attempt in 1..=3 {
+            let (r, _) = run_script(&py, &dir, "lose", src, false);
+            let (ok, out, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &r.pid().to_string()]);
+            assert!(ok, "{label}: {err}");
+            assert_eq!(r.finish(), 0);
+            let groups: Vec<&str> = out
+                .split("\n\n")
+                .filter(|g| g.contains("lose_buffers"))
+                .collect();
+            assert_eq!(groups.len(), 1, "{label}: {out}");
+            if groups[0].starts_with("Direct leak of 74070 byte(s) in 6 object(s)") && attempt < 3 {
+                println!("{label}: attempt {attempt}: one buffer held by a stray word; retried");
+                continue;
+            }
+            assert!(
+                groups[0].starts_with("Direct leak of 86415 byte(s) in 7 object(s)"),
+                "{label} (attempt {attempt}): {out}"
+            );
+            break;
+        }
     }
 }
 
