@@ -58,7 +58,8 @@ pub enum Command {
     /// stacked by allocation site, growth ranking, flame graphs) from `watch` profiles.
     Report(ReportArgs),
     /// Remove the regions of processes that are gone (crashed, killed, or kept with
-    /// HEAPDUMP_KEEP=1), and files in the region directory that are not readable regions.
+    /// HEAPDUMP_KEEP=1), regions set aside for an exec that succeeded into a program without
+    /// the shim, and files in the region directory that are not readable regions.
     Gc(GcArgs),
     /// Load the shim into a running process (x86-64 Linux, dynamically linked, glibc) and
     /// start recording, with the blocks already live recorded too (stack: "live before

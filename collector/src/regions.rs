@@ -157,6 +157,35 @@ pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
     Ok(out)
 }
 
+/// The regions in `dir` set aside for an `exec` (`PID-TICKS-NS.heapdump.exec`, the shim's
+/// `exec.rs`), as (path, pid, start ticks); empty when the directory is missing.
+///
+/// # Errors
+/// As [`list_files`]: the directory is not the caller's, or cannot be read.
+pub fn aside_files(dir: &Path) -> Result<Vec<(PathBuf, u32, u64)>> {
+    if !check_dir(dir)? {
+        return Ok(Vec::new());
+    }
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let bytes = name.as_encoded_bytes();
+        if !bytes.ends_with(vmo_layout::name::EXEC_SUFFIX) {
+            continue;
+        }
+        if let Some(n) = vmo_layout::name::parse_with_aside(bytes) {
+            out.push((e.path(), n.pid, n.start_ticks));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// An open, mapped region file.
 #[derive(Debug)]
 pub struct Opened {
@@ -1090,7 +1119,7 @@ pub fn region_mappers() -> std::collections::HashMap<(u32, u32, u64), u32> {
         for l in std::io::BufReader::new(f).lines() {
             let Ok(l) = l else { break };
             let path = l.trim_end().trim_end_matches(" (deleted)");
-            if !path.ends_with(".heapdump") {
+            if !(path.ends_with(".heapdump") || path.ends_with(".heapdump.exec")) {
                 continue;
             }
             let mut f = l.split_whitespace().skip(3);

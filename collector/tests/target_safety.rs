@@ -1000,8 +1000,10 @@ fn kept_region_includes_exit_handlers() {
 }
 
 /// B4, then issue 19 D11: a process that `exec`s a program without the shim (an empty
-/// environment, a static binary) used to leave the region of its image before `exec`; the
-/// shim now removes it once the exec succeeded (`heapdump gc` has nothing left to do).
+/// environment, a static binary) used to leave the region of its image before `exec`. The
+/// shim sets it aside (not listed) and `heapdump gc` removes it while the new image runs: the
+/// process no longer maps it. (Until helper N, 5, a helper process removed it at once; it was
+/// reparented to the nearest subreaper, which got a child it never made.)
 #[test]
 fn exec_without_the_shim_leaves_no_region() {
     exec_leaves_no_region(false);
@@ -1032,20 +1034,23 @@ fn exec_leaves_no_region(keep: bool) {
         assert!(std::time::Instant::now() < deadline, "no exec");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // The helper removes the region right after the exec: poll briefly.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let list = list_json(&dir);
-        let files = region_files(&dir);
-        if list.is_empty() && files.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "left after exec: {list:?} {files:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    // Not listed; set aside under its own name.
+    assert!(list_json(&dir).is_empty(), "{:?}", list_json(&dir));
+    let files = region_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(
+        files[0].starts_with(&format!("{pid}-")) && files[0].ends_with(".heapdump.exec"),
+        "{files:?}"
+    );
+    // `gc` removes it while `sleep` (the same process) still runs.
+    let (ok, out, err) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("its image before an exec that succeeded"),
+        "{out}{err}"
+    );
+    assert!(r.child.try_wait().unwrap().is_none(), "sleep ended early");
+    assert!(region_files(&dir).is_empty(), "{:?}", region_files(&dir));
     let _ = r.child.kill();
     let _ = r.child.wait();
 }
@@ -1070,8 +1075,9 @@ fn region_files(dir: &Path) -> Vec<String> {
 }
 
 /// A region renamed aside for an exec by a process killed before the exec ended
-/// (`PID-TICKS-NS.heapdump.exec` of a process that is gone) is removed by the next process
-/// that starts recording into the directory; a live process's is left alone.
+/// (`PID-TICKS-NS.heapdump.exec` of a process that is gone), or whose exec succeeded (its
+/// process runs on without mapping it), is removed by the next process that starts recording
+/// into the directory; one that its process still maps (an exec under way) is left alone.
 #[test]
 fn a_region_left_aside_by_a_killed_exec_is_removed() {
     use std::os::unix::fs::OpenOptionsExt;
@@ -1088,20 +1094,34 @@ fn a_region_left_aside_by_a_killed_exec_is_removed() {
         .unwrap()
         .to_owned();
     let dead = "4999999-77-1000.heapdump.exec".to_owned();
-    let alive = format!("{me}-{ticks}-1000.heapdump.exec");
-    for n in [&dead, &alive] {
-        std::fs::OpenOptions::new()
+    let mapped = format!("{me}-{ticks}-1000.heapdump.exec");
+    let execd = format!("{me}-{ticks}-2000.heapdump.exec");
+    let mut files_made = Vec::new();
+    for n in [&dead, &mapped, &execd] {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(dir.join(n))
             .unwrap();
+        f.set_len(4096).unwrap();
+        files_made.push(f);
     }
+    // This process maps the second, as a process in the middle of its exec does.
+    // SAFETY: a shared mapping of a file this test made; unmapped below.
+    let map = unsafe { memmap2::MmapOptions::new().len(4096).map(&files_made[1]) }.unwrap();
     let r = start(Command::new(&exe), &dir, true);
     let files = region_files(&dir);
     assert!(!files.contains(&dead), "{files:?}");
-    assert!(files.contains(&alive), "{files:?}");
+    assert!(files.contains(&mapped), "{files:?}");
+    assert!(!files.contains(&execd), "{files:?}");
     assert_eq!(r.finish(), 0);
+    drop(map);
+    // Unmapped, it goes with `gc`.
+    let (ok, out, err) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{err}");
+    assert!(!region_files(&dir).contains(&mapped), "{out}{err}");
 }
 
 /// Issue 19 D11: three forked children exec a static binary (through execl, execv, execvp):
@@ -1140,24 +1160,27 @@ fn children_that_exec_a_static_binary_leave_no_region() {
     );
     let ready = r.wait_line("ready");
     let parent = &ready[0];
-    // Only the parent's region is left (the helpers remove the aside files right after each
-    // exec: poll briefly).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let files = region_files(&dir);
-        let others: Vec<&String> = files
-            .iter()
-            .filter(|f| !f.starts_with(&format!("{parent}-")))
-            .collect();
-        if others.is_empty() && files.len() == 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "region files after 3 execs of a static binary: {files:?} (parent {parent})"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    // The three children's regions were set aside (not listed; each child's start of
+    // recording at its fork removes the earlier ones'); `gc` removes what is left and only the
+    // parent's region remains.
+    let files = region_files(&dir);
+    let aside = files
+        .iter()
+        .filter(|f| f.ends_with(".heapdump.exec"))
+        .count();
+    assert!(aside <= 3 && aside + 1 == files.len(), "{files:?}");
+    let listed: Vec<u64> = list_json(&dir)
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, [parent.parse::<u64>().unwrap()], "{files:?}");
+    let (ok, out, err) = heapdump_cmd(&dir, &["gc"]);
+    assert!(ok, "{err}");
+    let files = region_files(&dir);
+    assert!(
+        files.len() == 1 && files[0].starts_with(&format!("{parent}-")),
+        "region files after 3 execs of a static binary and gc: {files:?} (parent {parent}): {out}{err}"
+    );
     drop(r.stdin.take());
     assert_eq!(r.child.wait().unwrap().code(), Some(0));
 }
@@ -1382,6 +1405,27 @@ fn reallocarray_follows_an_allocator_preloaded_ahead() {
             std::time::Duration::from_secs(60),
         );
         assert_eq!(t.code, Some(0), "{cmd:?}: {}", t.stderr);
+    }
+}
+
+/// Helper N, 5: a child subreaper (tini, a container's PID 1, a supervisor) whose children
+/// exec sees only its own children: every successful exec used to leave the shim's helper
+/// process (made to remove the region set aside) reparented to it, so `wait` returned a child
+/// it never made, with status 0 (3 unknown of 6 reaped, every run). Run three times.
+#[test]
+fn a_subreaper_reaps_only_its_own_children() {
+    let exe = compile_c("subreaper_exec", &[]);
+    let dir = region_dir("subreaper");
+    for round in 0..3 {
+        let out = Command::new(&exe)
+            .arg("3")
+            .env("HEAPDUMP_DIR", &dir)
+            .env("LD_PRELOAD", shim())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim(), "reaped 3 0", "round {round}: {text}");
+        assert_eq!(out.status.code(), Some(0), "round {round}: {text}");
     }
 }
 

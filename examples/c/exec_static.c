@@ -1,10 +1,12 @@
 // exec_static: children that exec a static binary (argv[1], which cannot load the shim), one
 // through each of execl, execv and execvp, and one whose exec fails. The region of a child
-// must be gone once its exec succeeded, and still be there (the same file) after one failed.
+// is set aside (PID-*.heapdump.exec, for `heapdump gc` or the next process that starts
+// recording to remove) once its exec succeeded, and still be there (the same file, under its
+// own name) after one failed.
 //
 // The failing child looks for its own region in $HEAPDUMP_DIR after the failed execv and
 // prints "failed-exec PID ERRNO FOUND ASIDE": FOUND is 1 when PID-*.heapdump exists, ASIDE the
-// number of *.exec files. Then the parent prints "ready PID" and waits for stdin to close.
+// number of its own PID-*.exec files. Then the parent prints "ready PID" and waits for stdin to close.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -29,7 +31,9 @@ static void count_own(int *found, int *aside) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && n > 9 &&
             strcmp(e->d_name + n - 9, ".heapdump") == 0)
             (*found)++;
-        if (n > 5 && strcmp(e->d_name + n - 5, ".exec") == 0) (*aside)++;
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && n > 5 &&
+            strcmp(e->d_name + n - 5, ".exec") == 0)
+            (*aside)++;
     }
     closedir(d);
 }

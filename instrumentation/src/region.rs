@@ -748,8 +748,9 @@ fn ensure_dir(dir: &mut [u8; 512]) -> bool {
 /// Keeps at most `max` regions of processes that are gone in `dir`, removing the oldest
 /// (by creation time, from the name) first: a service that crash-loops would otherwise leave
 /// one region per crash in RAM-backed `/dev/shm`. A region's process is gone when
-/// `/proc/PID/stat` is missing or shows another start time. Runs once, at start-up, as the
-/// shim's own work (it may allocate).
+/// `/proc/PID/stat` is missing or shows another start time. Also removes every region set
+/// aside for an exec (`….heapdump.exec`, exec.rs) whose process is gone or no longer maps it.
+/// Runs once, at start-up, as the shim's own work (it may allocate).
 fn bound_dead_regions(dir: &[u8; 512], max: u64) {
     // SAFETY: `dir` is NUL-terminated.
     let d = unsafe { libc::opendir(dir.as_ptr() as *const libc::c_char) };
@@ -768,15 +769,16 @@ fn bound_dead_regions(dir: &[u8; 512], max: u64) {
         let Some((pid, ticks, created)) = parse_region_name(name.to_bytes()) else {
             continue;
         };
-        if alive(pid, ticks) {
+        if name.to_bytes().ends_with(b".exec") {
+            // Renamed aside for an exec (exec.rs): the exec succeeded when the process no
+            // longer maps it, or the process is gone. Nobody lists it, so it goes at once.
+            if !alive(pid, ticks) || !maps_name(pid, name.to_bytes()) {
+                // SAFETY: `d` is open; the name is NUL-terminated and relative to it.
+                unsafe { libc::unlinkat(libc::dirfd(d), (*e).d_name.as_ptr(), 0) };
+            }
             continue;
         }
-        if name.to_bytes().ends_with(b".exec") {
-            // Renamed aside for an exec and never removed (the process was killed meanwhile):
-            // nobody lists it, so it goes at once.
-            // SAFETY: `d` is open; the name is NUL-terminated and relative to it.
-            unsafe { libc::unlinkat(libc::dirfd(d), (*e).d_name.as_ptr(), 0) };
-        } else {
+        if !alive(pid, ticks) {
             dead.push((created, name.to_owned()));
         }
     }
@@ -821,6 +823,66 @@ fn alive(pid: u64, ticks: u64) -> bool {
         .nth(19)
         .and_then(parse_size)
         == Some(ticks)
+}
+
+/// Whether `/proc/PID/maps` names a file called `name` (a region set aside for an exec:
+/// its name, with pid, start time and creation time, is unique). True when the list cannot be
+/// read (another user's process): the file is then left to the rule for processes gone.
+fn maps_name(pid: u64, name: &[u8]) -> bool {
+    let mut path = [0u8; 40];
+    let mut num = [0u8; 20];
+    let mut c = Cursor::new(&mut path);
+    c.push(b"/proc/");
+    c.push(crate::sys::fmt_u64(pid, &mut num));
+    c.push(b"/maps");
+    // SAFETY: `path` is NUL-terminated (zeroed beyond the cursor).
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr() as *const libc::c_char,
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return true;
+    }
+    // A window that keeps the last `name.len() - 1` bytes of the previous read, so that a
+    // name split between two reads is still found.
+    let mut buf = [0u8; 4096 + 512];
+    let keep = name.len().saturating_sub(1).min(512);
+    let mut have = 0usize;
+    let mut found = false;
+    loop {
+        // SAFETY: reads into the free part of `buf`.
+        let n = unsafe {
+            libc::read(
+                fd,
+                buf[have..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - have,
+            )
+        };
+        // SAFETY: errno is this thread's.
+        if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            continue;
+        }
+        if n < 0 {
+            found = true;
+            break;
+        }
+        if n == 0 {
+            break;
+        }
+        have += n as usize;
+        if buf[..have].windows(name.len()).any(|w| w == name) {
+            found = true;
+            break;
+        }
+        let tail = have.min(keep);
+        buf.copy_within(have - tail..have, 0);
+        have = tail;
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    found
 }
 
 /// Removes regions left by earlier images of this same process (before an `exec`).

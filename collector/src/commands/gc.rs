@@ -101,6 +101,40 @@ pub fn run(a: Options) -> Result<()> {
         }
         removed += 1;
     }
+    // Regions set aside for an exec (the shim's exec.rs): the exec succeeded, or the process
+    // died, once no process maps the file (a failed exec renames it back, still mapped). A
+    // process whose mappings cannot be read (not dumpable) keeps its file while it runs.
+    for (path, pid, ticks) in regions::aside_files(&dir_path)? {
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !md.is_file() {
+            continue;
+        }
+        let mappers = mappers.get_or_insert_with(regions::region_mappers);
+        if mappers.contains_key(&regions::maps_id(&md)) {
+            continue;
+        }
+        let gone = regions::proc_start_ticks(pid) != Some(ticks);
+        if !gone && std::fs::File::open(format!("/proc/{pid}/maps")).is_err() {
+            continue;
+        }
+        let what = if gone {
+            format!("pid {pid} (gone during an exec)")
+        } else {
+            format!("pid {pid} (its image before an exec that succeeded)")
+        };
+        if a.dry_run {
+            println!("would remove {}: {what}", path.display());
+        } else if let Err(err) = remove(dir.as_ref(), &path) {
+            eprintln!("heapdump: cannot remove {}: {err:#}", path.display());
+            failed += 1;
+            continue;
+        } else {
+            println!("removed {}: {what}", path.display());
+        }
+        removed += 1;
+    }
     eprintln!(
         "heapdump: {removed} region(s) of exited processes {}",
         if a.dry_run { "to remove" } else { "removed" }
