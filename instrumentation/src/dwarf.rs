@@ -193,6 +193,10 @@ pub struct Cache {
     /// The last walk recorded itself whole in the thread's last capture (see
     /// [`Self::last_walk_words`]).
     made: bool,
+    /// The lowest address of the thread's cold stack (see [`ColdStack`]): a guard page, then
+    /// [`COLD_BYTES`] of stack; null when it could not be mapped (rules are then computed on
+    /// the program's stack).
+    cold: *mut u8,
 }
 
 impl std::fmt::Debug for Cache {
@@ -336,7 +340,7 @@ impl Cache {
         let rule = if self.slots[set + 1].key == key {
             self.slots[set + 1].rule
         } else {
-            compute(objects, &mut self.ctx, key, &mut self.missed)
+            compute_cold(self.cold, objects, &mut self.ctx, key, &mut self.missed)
         };
         self.slots[set + 1] = first;
         self.slots[set] = Slot { key, rule };
@@ -838,6 +842,9 @@ pub fn new_cache() -> *mut Cache {
         };
         // SAFETY: as above; a plain pointer field.
         unsafe { std::ptr::addr_of_mut!((*c).captures).write(caps) };
+        let cold = map_cold_stack();
+        // SAFETY: as above; a plain pointer field.
+        unsafe { std::ptr::addr_of_mut!((*c).cold).write(cold) };
         with_registry(|r| r.caches.push(c as usize));
     }
     c
@@ -877,6 +884,10 @@ pub unsafe fn free_cache(c: *mut Cache) {
         let caps = (*c).captures;
         if !caps.is_null() {
             crate::sys::unmap(caps as *mut u8, std::mem::size_of::<Captures>());
+        }
+        let cold = (*c).cold;
+        if !cold.is_null() {
+            crate::sys::unmap(cold, COLD_GUARD + COLD_BYTES);
         }
         crate::sys::unmap(c as *mut u8, std::mem::size_of::<Cache>());
     }
@@ -992,6 +1003,120 @@ fn object(base: u64, phdrs: &[libc::Elf64_Phdr]) -> Option<Object> {
         eh_frame,
         hdr: parsed,
     })
+}
+
+/// Bytes of a thread's cold stack, on which rules are computed (see [`compute_cold`]).
+///
+/// Computing a rule with gimli takes ~6 KiB of stack (`UnwindTable::next_row` 2,168 bytes,
+/// `unwind_info_for_address` 1,416, …), on top of the program's frames: a thread created with
+/// `PTHREAD_STACK_MIN` (16 KiB, less the static TLS of every object) or a signal handler on a
+/// `SIGSTKSZ` (8 KiB) alternate stack that reached new code ran off its stack — a SIGSEGV, or,
+/// with an alternate stack that is a heap block, glibc's heap overwritten below it (helper P,
+/// 1). The computation reads no word of the program (only the code address and the objects'
+/// unwind sections), so nothing of the program's is left on this stack. A program's signal
+/// handler that interrupts it runs here too (unless the program gave it an alternate stack),
+/// with the rest of this room.
+pub const COLD_BYTES: usize = 128 * 1024;
+
+/// The guard page below a cold stack (no access: an overflow faults instead of writing into
+/// whatever lies below).
+const COLD_GUARD: usize = 4096;
+
+/// Maps a cold stack with its guard page (lazily committed: a rule computation touches a few
+/// pages); null on failure.
+fn map_cold_stack() -> *mut u8 {
+    let p = crate::sys::map_anon(COLD_GUARD + COLD_BYTES);
+    if p.is_null() {
+        return p;
+    }
+    // SAFETY: the first page of the mapping just made.
+    if unsafe { libc::mprotect(p as *mut libc::c_void, COLD_GUARD, libc::PROT_NONE) } != 0 {
+        // SAFETY: the mapping just made, unused.
+        unsafe { crate::sys::unmap(p, COLD_GUARD + COLD_BYTES) };
+        return std::ptr::null_mut();
+    }
+    p
+}
+
+/// What [`compute`] takes and gives, passed through [`on_stack`].
+struct ComputeCall<'a> {
+    objects: &'a Objects,
+    ctx: &'a mut UnwindContext<usize, Fixed>,
+    key: u64,
+    missed: &'a mut bool,
+    rule: Option<Rule>,
+}
+
+/// [`compute`] on the thread's cold stack `cold` (from [`map_cold_stack`]; null: on this one).
+#[inline(never)]
+fn compute_cold(
+    cold: *mut u8,
+    objects: &Objects,
+    ctx: &mut UnwindContext<usize, Fixed>,
+    key: u64,
+    missed: &mut bool,
+) -> Rule {
+    let here = 0u8;
+    let sp = std::hint::black_box(&here) as *const u8 as usize;
+    let top = cold as usize + COLD_GUARD + COLD_BYTES;
+    // Already on it (never, as nothing computes rules reentrantly; but then stay).
+    if cold.is_null() || (sp > cold as usize && sp <= top) {
+        return compute(objects, ctx, key, missed);
+    }
+    let mut call = ComputeCall {
+        objects,
+        ctx,
+        key,
+        missed,
+        rule: None,
+    };
+    extern "C" fn run(p: *mut u8) {
+        // SAFETY: `p` is the `ComputeCall` on `compute_cold`'s frame, which waits for this
+        // call to return; nothing else refers to it meanwhile.
+        let call = unsafe { &mut *(p as *mut ComputeCall<'_>) };
+        call.rule = Some(compute(call.objects, call.ctx, call.key, call.missed));
+    }
+    // SAFETY: `top` is the 16-byte aligned end of this thread's cold stack, mapped until the
+    // thread's exit handler, and not in use (see above); `run` returns normally (a panic
+    // aborts: `extern "C"`).
+    unsafe {
+        on_stack(
+            &mut call as *mut ComputeCall<'_> as *mut u8,
+            run,
+            top as *mut u8,
+        )
+    };
+    call.rule.unwrap_or(RULE_FRAME_POINTER)
+}
+
+/// Calls `f(arg)` with the stack pointer at `top`, and returns when it returns, on the stack
+/// it came from. The frame is an `rbp` frame, and the CFI says so: a debugger or a crash
+/// handler's unwinder goes from `f`'s frames back to the caller's stack.
+///
+/// Written here rather than taken from a crate (psm) because it is six instructions on the
+/// recording path's cold side, next to the shim's other naked entry points.
+///
+/// # Safety
+/// `top` is the 16-byte aligned end of a mapped stack nothing else uses, large enough for
+/// `f`; `f` returns normally.
+#[unsafe(naked)]
+unsafe extern "C" fn on_stack(arg: *mut u8, f: extern "C" fn(*mut u8), top: *mut u8) {
+    // rustc gives a naked function no CFI of its own: the directives are written here.
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "push rbp",
+        ".cfi_adjust_cfa_offset 8",
+        ".cfi_offset rbp, -16",
+        "mov rbp, rsp",
+        ".cfi_def_cfa_register rbp",
+        "mov rsp, rdx",
+        "call rsi",
+        "mov rsp, rbp",
+        "pop rbp",
+        ".cfi_def_cfa rsp, 8",
+        "ret",
+        ".cfi_endproc",
+    )
 }
 
 /// The rule for code address `key`, from its object's CFI.

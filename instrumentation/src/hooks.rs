@@ -342,10 +342,15 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     if crate::ablate::on(crate::ablate::STACK) {
         return u32::MAX;
     }
+    let scratch = t.scratch();
+    if scratch.is_null() {
+        return u32::MAX;
+    }
     // SAFETY: the buffer is this thread's and we are inside its reentrancy guard (called from
     // `enter`): nothing else uses it during this capture (a signal handler's allocation is
-    // deferred, captured into a buffer of its own).
-    let frames = unsafe { &mut *t.frames.get() };
+    // deferred, captured into a buffer of its own). `intern` borrows the scratch's other
+    // field only.
+    let frames = unsafe { &mut (*scratch).frames };
     // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
     // a sigaltstack) the end of the memory readable above this frame.
     let marker = 0u8;
@@ -470,15 +475,20 @@ fn rewalk(
 /// The stack id of `frames` (interned in the region if new), `u32::MAX` when not recorded.
 fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
     let h = hash_frames(frames);
-    // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard.
-    let cache = unsafe { &mut *t.cache.get() };
+    let scratch = t.scratch();
+    if scratch.is_null() {
+        return u32::MAX;
+    }
+    // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard; the
+    // caller's `frames` may be the scratch's other field, never this one.
+    let cache = unsafe { &mut (*scratch).cache };
     let e = &mut cache[h as usize % cache.len()];
     if e.0 == h && h != 0 {
         return e.1;
     }
     match g.stacks.intern(&g.writer, h, frames) {
         Some(id) => {
-            *e = (h, id);
+            cache[h as usize % cache.len()] = (h, id);
             id
         }
         None => {

@@ -161,6 +161,19 @@ pub(crate) use crate::freelist::BATCH;
 /// Capacity of a thread's ring of dead nodes.
 pub(crate) const RING: usize = 2 * BATCH;
 
+/// A thread's stack cache and capture buffer, in a mapping of its own rather than in its
+/// `Tls`: glibc takes the static TLS of every object out of each thread's stack, and these
+/// 4.6 KiB made the shim's TLS 5.2 KiB — a thread made with `PTHREAD_STACK_MIN` (16 KiB) ran
+/// off its stack (helper P, 1). Hashes, stack ids and return addresses only: no word of the
+/// program's data (so not listed among the thread's private ranges).
+#[derive(Debug)]
+pub struct Scratch {
+    /// Stack cache: (hash, id) by hash % CACHE.
+    pub cache: [(u64, u32); CACHE],
+    /// Where a capture writes the stack's return addresses.
+    pub frames: [u64; vmo_layout::v1::MAX_FRAMES],
+}
+
 /// Per-thread state. Const-initialised, no destructor: usable from inside `malloc` at any time.
 pub struct Tls {
     /// `GUARD_*`: whether the thread is inside the shim, and doing what.
@@ -197,11 +210,8 @@ pub struct Tls {
     pub(crate) spill: Cell<*mut u32>,
     pub(crate) spill_len: Cell<usize>,
     pub(crate) spill_cap: Cell<usize>,
-    /// Stack cache: (hash, id) by hash % CACHE.
-    pub cache: UnsafeCell<[(u64, u32); CACHE]>,
-    /// Where a capture writes the stack's return addresses (kept here rather than on the
-    /// stack, where the 512 bytes would be zeroed at every allocation).
-    pub(crate) frames: UnsafeCell<[u64; vmo_layout::v1::MAX_FRAMES]>,
+    /// The thread's [`Scratch`] (null until its first stack capture; see [`Tls::scratch`]).
+    pub(crate) scratch: Cell<*mut Scratch>,
     /// Bytes left before the next sampled allocation (sampling mode); `i64::MIN`: not drawn yet.
     pub(crate) sample_left: Cell<i64>,
     /// xorshift state for the sampling intervals (0: not seeded yet).
@@ -268,8 +278,7 @@ impl Tls {
             spill: Cell::new(std::ptr::null_mut()),
             spill_len: Cell::new(0),
             spill_cap: Cell::new(0),
-            cache: UnsafeCell::new([(0, 0); CACHE]),
-            frames: UnsafeCell::new([0; vmo_layout::v1::MAX_FRAMES]),
+            scratch: Cell::new(std::ptr::null_mut()),
             sample_left: Cell::new(i64::MIN),
             rng: Cell::new(0),
             last_now: Cell::new(0),
@@ -325,6 +334,38 @@ impl Tls {
     /// OS thread id.
     pub fn tid(&self) -> u32 {
         self.tid.get()
+    }
+
+    /// The thread's [`Scratch`], mapped at its first use (zero-filled: an empty cache); null
+    /// when it cannot be mapped. Only the thread itself, inside its reentrancy guard, uses it
+    /// (a signal handler's capture has a buffer of its own).
+    #[inline]
+    pub(crate) fn scratch(&self) -> *mut Scratch {
+        let s = self.scratch.get();
+        if !s.is_null() {
+            return s;
+        }
+        self.map_scratch()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn map_scratch(&self) -> *mut Scratch {
+        if self.exited.get() {
+            return std::ptr::null_mut();
+        }
+        let s = crate::sys::map_anon(std::mem::size_of::<Scratch>()) as *mut Scratch;
+        self.scratch.set(s);
+        s
+    }
+
+    /// Unmaps the thread's [`Scratch`] (its exit handler).
+    pub(crate) fn free_scratch(&self) {
+        let s = self.scratch.replace(std::ptr::null_mut());
+        if !s.is_null() {
+            // SAFETY: mapped by `map_scratch` with this size; the thread no longer captures.
+            unsafe { crate::sys::unmap(s as *mut u8, std::mem::size_of::<Scratch>()) };
+        }
     }
 
     /// Timestamp of this thread's last recorded operation (ns), 0 before the first.

@@ -456,6 +456,7 @@ unsafe extern "C" fn thread_exit(value: *mut libc::c_void) {
         }
         crate::python::free_frame_memo(t);
         crate::python::free_stack_memo(t);
+        t.free_scratch();
         let slot = value as usize as u32;
         if slot != 0 && t.slot.get() == slot {
             // Its stack stays mapped in glibc's cache of stacks, holding stale words: listed

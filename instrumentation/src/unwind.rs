@@ -188,7 +188,7 @@ pub fn inside_getattr(sp: usize) -> bool {
         let mut remote = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; GETATTR_CHUNK / 4096 + 1];
+        }; GETATTR_CHUNK / 4096 + 2];
         let (mut k, mut a) = (0, at);
         while a < at + want {
             let next = ((a & !4095) + 4096).min(at + want);
@@ -224,8 +224,11 @@ pub fn inside_getattr(sp: usize) -> bool {
     false
 }
 
-/// Bytes [`inside_getattr`] copies at a time (a buffer on the registering thread's stack).
-const GETATTR_CHUNK: usize = 8192;
+/// Bytes [`inside_getattr`] copies at a time (a buffer on the registering thread's stack:
+/// 8 KiB made a thread's first allocation need 9.5 KiB of stack, and a thread made with
+/// `PTHREAD_STACK_MIN` ran off its stack, helper P, 1; 32 reads of 1 KiB at a thread's start
+/// cost ~20 µs).
+const GETATTR_CHUNK: usize = 1024;
 
 /// Bytes of stack [`inside_getattr`] searches: the shim's frames between the allocator entry
 /// and the question (a few KiB) and `pthread_getattr_np`'s own.
