@@ -23,7 +23,9 @@ use regex::Regex;
 /// Known allocator wrappers, as one anchored pattern over demangled function names
 /// (alternatives joined with `|`). Sources: glibc's malloc family and `strdup`; libstdc++'s
 /// `operator new`; CPython's `Objects/obmalloc.c` and `Modules/gcmodule.c`; perl's
-/// `util.c` (`Perl_safesys*`); GLib's `gmem.c`; GNU's `xmalloc.c`; Rust's `alloc` crate and
+/// `util.c` (`Perl_safesys*`); GLib's `gmem.c`; GNU's `xmalloc.c`; OpenSSL's
+/// `crypto/mem.c` (`CRYPTO_malloc`, `CRYPTO_zalloc`, …: helper S, 1, every libcrypto caller
+/// was one `CRYPTO_zalloc` site); Rust's `alloc` crate and
 /// the `__rust_alloc` shims the compiler emits; the C++ standard library's own functions
 /// (`std::`, `__gnu_cxx::`: `std::__new_allocator<T>::allocate`, `std::vector<T>::
 /// _M_realloc_insert`, `std::__cxx11::basic_string<…>::_M_create`, `std::make_shared`, …,
@@ -38,6 +40,7 @@ pub const DEFAULT_WRAPPERS: &str = concat!(
     r"|PyObject_(New|NewVar)|_PyObject_MallocWithType|pymalloc_\w+|_PyMem_RawMalloc",
     r"|Perl_safesys\w+|g_malloc\w*|g_realloc\w*|g_try_malloc\w*|g_slice_alloc\w*|g_new\w*",
     r"|xmalloc|xcalloc|xrealloc|xstrdup|xzalloc",
+    r"|CRYPTO_(?:malloc|zalloc|realloc|clear_realloc|strdup|strndup|memdup|secure_malloc|secure_zalloc)",
     r"|__rust_alloc\w*|__rust_realloc|__rdl_\w+|__rg_\w+|alloc::.*|<alloc::.*|std::alloc::.*",
     r"|<\w+ as core::alloc::global::GlobalAlloc>::\w+",
     r"|(?:void )?(?:std|__gnu_cxx)::.*)"
@@ -311,6 +314,15 @@ mod tests {
                 "Cache::put(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)",
             ])),
             "Cache::put(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)"
+        );
+        // OpenSSL's allocator (helper S, 1).
+        assert_eq!(
+            s.site(&names(&["malloc", "CRYPTO_zalloc", "BN_new", "make_keys"])),
+            "BN_new"
+        );
+        assert_eq!(
+            s.site(&names(&["malloc", "CRYPTO_strndup", "make_names"])),
+            "make_names"
         );
         // `mallocx_wrapper` is not `malloc`: the pattern is anchored.
         assert_eq!(
