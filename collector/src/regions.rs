@@ -538,7 +538,9 @@ pub fn user(uid: u32) -> String {
 /// * its file name and header disagree on that identity (pid, start time), or
 /// * the region file is not owned by P's uid (P's real, effective and saved uids all equal to
 ///   the file's owner; a root-owned region only for a process whose effective uid is root), or
-/// * its directory is not owned by that same uid, or is writable by group or others.
+/// * its directory is not owned by that same uid, or is writable by group or others, or
+/// * P is not dumpable (its `/proc/PID/mem` is not owned by that uid): its owner could not
+///   read its memory either.
 ///
 /// So a region planted by one user, in a directory of theirs or in the one root uses, never
 /// makes a root collector read another user's process. A region whose process is gone names
@@ -594,6 +596,25 @@ pub fn trust(o: &Opened, info: &RegionInfo, f: Option<&RegionFile>) -> Result<()
             "owned by {}, but it or its directory is writable by other users",
             user(owner)
         ));
+    }
+    // A process that is not dumpable (it dropped privileges, or called
+    // `prctl(PR_SET_DUMPABLE, 0)`: ssh-agent, a daemon's workers) keeps its memory from its
+    // own uid: the kernel gives its `/proc/PID` files to root (proc(5), PR_SET_DUMPABLE). Its
+    // owner could not read it, so a region of theirs does not make root read it (helper Q, 3:
+    // a secret of a root daemon turned `nobody` was read into root's profile).
+    if owner != 0 {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(format!("/proc/{}/mem", info.pid)) {
+            Ok(m) if m.uid() == owner => {}
+            Ok(_) => {
+                return refuse(format!(
+                    "owned by {}, but pid {} is not dumpable: its memory is closed to that user",
+                    user(owner),
+                    info.pid
+                ))
+            }
+            Err(_) => return Ok(()), // gone meanwhile
+        }
     }
     Ok(())
 }

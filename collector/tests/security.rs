@@ -958,3 +958,86 @@ fn a_module_swapped_for_a_fifo_after_its_check_does_not_hang_the_snapshot() {
     assert_eq!(sum_through(&p, "alloc_small")[3], 1000 * 1024);
     drop(r);
 }
+
+/// Helper Q, 3: a process that is not dumpable (`prctl(PR_SET_DUMPABLE, 0)`, or a daemon that
+/// dropped its privileges) keeps its memory from its own user; a region of that user's must
+/// not make root read it. Run as `nobody` under the shim: root's `snapshot --with-strings` of
+/// the region reads the dumpable one (its secret string lands in the profile) and refuses the
+/// other in one line (before: the secret was read into root's profile).
+#[test]
+fn a_process_that_is_not_dumpable_is_not_read_through_its_owners_region() {
+    let test = "a_process_that_is_not_dumpable_is_not_read_through_its_owners_region";
+    if !can_run(test) {
+        return;
+    }
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    if !is_root() || !setpriv.is_ok_and(|o| o.status.success()) {
+        skip_note(&format!(
+            "skipped: {test}: needs root and setpriv (to run a process as nobody)"
+        ));
+        return;
+    }
+    let exe = compile_c("undumpable", &[]);
+    for dumpable in [true, false] {
+        let dir = region_dir(&format!("undumpable-{dumpable}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        mode(&dir, 0o700);
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe);
+        if dumpable {
+            cmd.arg("dumpable");
+        }
+        let r = start(cmd, &dir, true);
+        let pid = r.pid();
+        let region = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                n.starts_with(&format!("{pid}-")) && n.ends_with(".heapdump")
+            })
+            .expect("the region of the process run as nobody");
+        let out = std::env::temp_dir().join(format!(
+            "undumpable-{}-{dumpable}.pb.gz",
+            std::process::id()
+        ));
+        let t = heapdump_timeout(
+            &dir,
+            &[
+                "snapshot",
+                "--region",
+                region.to_str().unwrap(),
+                "--with-strings",
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            std::time::Duration::from_secs(60),
+        );
+        if dumpable {
+            assert_eq!(t.code, Some(0), "{t:?}");
+            let bytes = std::fs::read(&out).unwrap();
+            let mut text = Vec::new();
+            use std::io::Read;
+            flate2::read::GzDecoder::new(&bytes[..])
+                .read_to_end(&mut text)
+                .unwrap();
+            assert!(
+                text.windows(22).any(|w| w == b"UNDUMPABLE-SECRET-7c1e"),
+                "the dumpable process's strings are read"
+            );
+        } else {
+            assert_eq!(t.code, Some(1), "{t:?}");
+            assert!(
+                t.stderr.contains(&format!("pid {pid} is not dumpable"))
+                    && t.stderr.lines().count() == 1,
+                "{t:?}"
+            );
+            assert!(!out.exists(), "nothing written");
+        }
+        let _ = std::fs::remove_file(&out);
+        assert_eq!(r.finish(), 0);
+    }
+}
