@@ -377,24 +377,82 @@ pub fn sites(an: &Analysis, rule: &sites::Sites) -> std::collections::HashMap<u3
         .collect()
 }
 
-/// The names along a chain: the root's, then each block's allocation site.
-pub fn chain_names(
-    g: &graph::Graph,
-    sites: &std::collections::HashMap<u32, String>,
-    chain: &[graph::paths::Step],
-) -> Vec<String> {
-    use graph::paths::Step;
-    chain
-        .iter()
-        .map(|s| match *s {
-            Step::Root(r) => g.roots[r].name.clone(),
-            Step::Block(b) => {
-                let st = g.blocks[b as usize].stack;
-                sites
-                    .get(&st)
-                    .cloned()
-                    .unwrap_or_else(|| "(no stack trace)".to_owned())
+/// Every block's chain from a root, folded (see [`graph::paths::Folded`]: a run of blocks of
+/// one allocation site is one step), with the names of its steps — roots by name, blocks by
+/// allocation site. What `retainers` and the ownership flame graph aggregate by.
+#[derive(Debug, Default)]
+pub struct NamedChains {
+    folded: graph::paths::Folded,
+    names: Vec<String>,
+}
+
+impl NamedChains {
+    /// Folds the chains of `tree` over `g`, naming blocks by `sites` (stack id → site).
+    pub fn new(
+        g: &graph::Graph,
+        tree: &graph::paths::Tree,
+        sites: &std::collections::HashMap<u32, String>,
+    ) -> NamedChains {
+        let mut names: Vec<String> = Vec::new();
+        let mut ids: std::collections::HashMap<String, u32> = Default::default();
+        let mut by_stack: std::collections::HashMap<u32, u32> = Default::default();
+        let mut intern = |names: &mut Vec<String>, s: &str| -> u32 {
+            if let Some(&i) = ids.get(s) {
+                return i;
             }
-        })
-        .collect()
+            names.push(s.to_owned());
+            ids.insert(s.to_owned(), (names.len() - 1) as u32);
+            (names.len() - 1) as u32
+        };
+        let root_ids: Vec<u32> = g
+            .roots
+            .iter()
+            .map(|r| intern(&mut names, &r.name))
+            .collect();
+        let folded = tree.fold(
+            |r| root_ids[r],
+            |b| {
+                let st = g.blocks[b as usize].stack;
+                *by_stack.entry(st).or_insert_with(|| {
+                    let site = sites.get(&st).map(String::as_str);
+                    intern(&mut names, site.unwrap_or("(no stack trace)"))
+                })
+            },
+        );
+        NamedChains { folded, names }
+    }
+
+    /// Block `b`'s folded chain (its last step), `None` when unreachable.
+    pub fn id(&self, b: u32) -> Option<u32> {
+        self.folded
+            .of_block
+            .get(b as usize)
+            .copied()
+            .filter(|&s| s != graph::paths::NONE)
+    }
+
+    /// The names along folded chain `id`, from its root: a run is `SITE (up to N in a row)`,
+    /// the middle of a chain of more than [`graph::paths::MAX_SHOWN`] steps `… N steps …`.
+    pub fn names(&self, id: u32) -> Vec<String> {
+        self.folded
+            .chain(id)
+            .into_iter()
+            .map(|(name, run)| {
+                if name == graph::paths::ELIDED {
+                    format!("… {run} steps …")
+                } else {
+                    let n = self
+                        .names
+                        .get(name as usize)
+                        .map(String::as_str)
+                        .unwrap_or("?");
+                    if run > 1 {
+                        format!("{n} (up to {run} in a row)")
+                    } else {
+                        n.to_owned()
+                    }
+                }
+            })
+            .collect()
+    }
 }

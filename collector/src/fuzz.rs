@@ -139,6 +139,14 @@ proptest! {
         for i in 0..n as u32 {
             let _ = tree.chain(i);
         }
+        let folded = tree.fold(|r| r as u32, |b| b % 3);
+        prop_assert_eq!(folded.of_block.len(), n);
+        for i in 0..n as u32 {
+            let s = folded.of_block[i as usize];
+            if s != graph::paths::NONE {
+                prop_assert!(!folded.chain(s).is_empty());
+            }
+        }
         let d = graph::dominators::dominators(&g);
         for i in 0..n as u32 {
             let _ = d.dominator(i);

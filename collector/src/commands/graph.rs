@@ -2,7 +2,7 @@
 //! snapshot, a capture or a pprof profile (and, from a capture, `convert`).
 
 use super::stages;
-use crate::analysis::{analysis, chain_names, sites, Analysis, Source};
+use crate::analysis::{analysis, sites, Analysis, Source};
 use crate::{cli, flame, graph, output, pprof};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -151,19 +151,30 @@ fn write_graph_since(
         _ => {
             stage("finding the shortest chains from the roots");
             let tree = graph::paths::Tree::new(g);
-            // Collapsed stacks, one per chain: root, then the sites along it.
+            // Collapsed stacks, one per folded chain: root, then the sites along it (a run of
+            // one site is one level: a linked list is not one level per node).
+            let named = crate::analysis::NamedChains::new(g, &tree, &sites);
+            let mut by_id: std::collections::HashMap<u32, u64> = Default::default();
             let mut folded = flame::Folded::new();
             for (i, b) in g.blocks.iter().enumerate() {
                 if since.is_some_and(|old| old.binary_search(&b.address).is_ok()) {
                     continue;
                 }
-                let names = match tree.chain(i as u32) {
-                    Some(ch) => chain_names(g, &sites, &ch),
-                    None => vec!["(unreachable: leaked)".to_owned(), site_of(b)],
-                };
+                match named.id(i as u32) {
+                    Some(id) => *by_id.entry(id).or_default() += b.size.max(1),
+                    None => {
+                        let names = ["(unreachable: leaked)".to_owned(), site_of(b)];
+                        *folded
+                            .entry(flame::key(names.iter().map(String::as_str)))
+                            .or_default() += b.size.max(1);
+                    }
+                }
+            }
+            for (id, bytes) in by_id {
+                let names = named.names(id);
                 *folded
                     .entry(flame::key(names.iter().map(String::as_str)))
-                    .or_default() += b.size.max(1);
+                    .or_default() += bytes;
             }
             let title = match since {
                 Some(_) => format!(

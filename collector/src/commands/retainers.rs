@@ -2,7 +2,7 @@
 //! function.
 
 use super::stages;
-use crate::analysis::{analysis, chain_names, sites, Source};
+use crate::analysis::{analysis, sites, Source};
 use crate::{cli, graph};
 use anyhow::{bail, Context, Result};
 
@@ -57,15 +57,18 @@ pub fn run(a: Options) -> Result<()> {
             a.function
         );
     }
-    let mut chains: std::collections::HashMap<Vec<String>, (u64, u64)> = Default::default();
+    // Aggregated by folded chain (a run of one site is one step: a linked list's nodes are
+    // one chain, not one each), named only for the chains shown.
+    let named = crate::analysis::NamedChains::new(g, &tree, &sites);
+    let mut by_id: std::collections::HashMap<u32, (u64, u64)> = Default::default();
     let (mut unreachable, mut unreachable_bytes) = (0u64, 0u64);
     for (i, b) in g.blocks.iter().enumerate() {
         if !matching.contains(&b.stack) {
             continue;
         }
-        match tree.chain(i as u32) {
-            Some(ch) => {
-                let e = chains.entry(chain_names(g, &sites, &ch)).or_default();
+        match named.id(i as u32) {
+            Some(id) => {
+                let e = by_id.entry(id).or_default();
                 e.0 += 1;
                 e.1 += b.size;
             }
@@ -75,7 +78,15 @@ pub fn run(a: Options) -> Result<()> {
             }
         }
     }
-    let mut chains: Vec<(Vec<String>, (u64, u64))> = chains.into_iter().collect();
+    let mut ranked: Vec<(u32, (u64, u64))> = by_id.into_iter().collect();
+    ranked.sort_by(|x, y| (y.1 .1, y.1 .0, x.0).cmp(&(x.1 .1, x.1 .0, y.0)));
+    let total = ranked.len();
+    // Chains equal in bytes and blocks are ordered by their names, as before.
+    let mut chains: Vec<(Vec<String>, (u64, u64))> = ranked
+        .into_iter()
+        .take(a.top.saturating_add(64).max(a.top))
+        .map(|(id, v)| (named.names(id), v))
+        .collect();
     chains.sort_by(|x, y| (y.1 .1, y.1 .0, &x.0).cmp(&(x.1 .1, x.1 .0, &y.0)));
     if a.json {
         let v: Vec<serde_json::Value> = chains
@@ -91,8 +102,8 @@ pub fn run(a: Options) -> Result<()> {
     for (path, (blocks, bytes)) in chains.iter().take(a.top) {
         println!("{} → {bytes} bytes in {blocks} blocks", path.join(" → "));
     }
-    if chains.len() > a.top {
-        println!("({} more chains)", chains.len() - a.top);
+    if total > a.top {
+        println!("({} more chains)", total - a.top);
     }
     if unreachable > 0 {
         println!(
