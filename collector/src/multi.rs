@@ -146,7 +146,36 @@ pub fn snapshot(p: &SnapshotProps, sel: &Selection) -> Result<()> {
 ///
 /// Errors: `--tree PID` names no running process; the region directory cannot be read.
 pub fn select(sel: &Selection) -> Result<Vec<Entry>> {
-    let tree = sel.tree.map(regions::process_tree).transpose()?;
+    select_following(sel, &[])
+}
+
+/// [`select`], the processes of `--tree` also counting every running descendant of
+/// `following` (processes already followed: a watch keeps them, and what they start, when the
+/// tree's root exits or an intermediate process does and they are re-parented out of it;
+/// helper R, 1).
+///
+/// Errors: `--tree PID` names no running process and none of `following` runs; the region
+/// directory cannot be read.
+pub fn select_following(sel: &Selection, following: &[u32]) -> Result<Vec<Entry>> {
+    let tree = match sel.tree {
+        None => None,
+        Some(root) => {
+            let mut pids = Vec::new();
+            let mut any = false;
+            for p in std::iter::once(root).chain(following.iter().copied()) {
+                if let Ok(t) = regions::process_tree(p) {
+                    any = true;
+                    pids.extend(t);
+                }
+            }
+            if !any {
+                regions::process_tree(root)?;
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            Some(pids)
+        }
+    };
     let me = std::process::id();
     let mut chosen: Vec<Entry> = regions::scan()?
         .into_iter()

@@ -371,3 +371,75 @@ fn a_watch_that_kept_nothing_fails() {
     drop(f);
     drop(r);
 }
+
+/// Helper R, 1: `watch --multi-process --tree ROOT` keeps the processes it follows when ROOT
+/// exits — a launcher that starts a service in the background and leaves — snapshotting them
+/// until they exit, then ends by itself. Before: the service was called "detached" and no
+/// longer snapshotted, and "cannot list the processes: no such process" came every beat until
+/// the watch was stopped.
+#[test]
+fn a_tree_watch_keeps_what_it_follows_when_the_root_exits() {
+    let exe = compile_c("hold_for", &[]);
+    let dir = region_dir("watch-tree-root-exits");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    let mut sh = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{} 4 & sleep 1", exe.display()))
+        .env("HEAPDUMP_DIR", &dir)
+        .env("LD_PRELOAD", shim())
+        .spawn()
+        .unwrap();
+    // The launcher records too: wait for its region (and its child's).
+    let root = sh.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_dir(dir.join(format!("heapdump-{}", unsafe { libc::geteuid() })))
+        .or_else(|_| std::fs::read_dir(&dir))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".heapdump"))
+                .count()
+        })
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no regions");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = heapdump_timeout(
+        &dir,
+        &[
+            "watch",
+            "--multi-process",
+            "--tree",
+            &root.to_string(),
+            "--every",
+            "1s",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    let _ = sh.wait();
+    assert!(!t.timed_out && t.code == Some(0), "{t:?}");
+    assert!(
+        t.stderr.contains(&format!(
+            "pid {root} and the processes followed from it have exited: watch ends"
+        )),
+        "{}",
+        t.stderr
+    );
+    assert!(
+        !t.stderr.contains("detached") && !t.stderr.contains("cannot list"),
+        "{}",
+        t.stderr
+    );
+    let held: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("hold_for-"))
+        .collect();
+    // Beats at about 0, 1, 2, 3 s: at least two after the launcher's exit at 1 s.
+    assert!(held.len() >= 3, "{held:?}\n{}", t.stderr);
+}

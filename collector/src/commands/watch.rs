@@ -61,6 +61,9 @@ struct Followed {
     /// Running but detached (`heapdump detach`): not snapshotted (its region no longer
     /// changes) until it is attached again.
     detached: bool,
+    /// Running, not listed at the last beat: said only if so again at the next (a process
+    /// that exits removes its region first).
+    missing: bool,
 }
 
 /// What the watch did, for the report at exit.
@@ -271,16 +274,21 @@ fn round(
             .into_iter()
             .filter(|e| e.file.pid == *pid && e.liveness == Liveness::Alive)
             .collect(),
-        WatchTarget::Many(sel) => match multi::select(sel) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!(
-                    "heapdump: cannot list the processes: {}",
-                    crate::regions::shown(&format!("{e:#}"))
-                );
-                Vec::new()
+        WatchTarget::Many(sel) => {
+            let following: Vec<u32> = followed.keys().copied().collect();
+            match multi::select_following(sel, &following) {
+                Ok(v) => v,
+                // The tree's root is gone, and what it started with it: ended below.
+                Err(_) if sel.tree.is_some_and(|r| !running(r)) => Vec::new(),
+                Err(e) => {
+                    eprintln!(
+                        "heapdump: cannot list the processes: {}",
+                        crate::regions::shown(&format!("{e:#}"))
+                    );
+                    Vec::new()
+                }
             }
-        },
+        }
     };
     // Processes gone since the last beat, then new ones. A process still running whose region
     // is not listed was detached (`heapdump detach`): it stays followed, not snapshotted
@@ -294,16 +302,34 @@ fn round(
         })
         .map(|(pid, _)| *pid)
         .collect();
+    let mut listed = None;
     for pid in gone {
         let f = followed.get_mut(&pid).expect("followed");
-        if regions::proc_start_ticks(pid) == Some(f.start_ticks) {
-            if !f.detached {
+        if regions::proc_start_ticks(pid) == Some(f.start_ticks) && running(pid) {
+            if !f.detached && !f.missing {
+                f.missing = true;
+            } else if !f.detached {
                 f.detached = true;
-                eprintln!(
-                    "heapdump: pid {pid} ({}): detached (heapdump detach); not snapshotted \
-                     until it is attached again",
-                    regions::shown(&f.name)
-                );
+                // Detached, or its region set aside (it exec'd a program without the shim).
+                let listed = listed.get_or_insert_with(|| regions::scan().unwrap_or_default());
+                let detached = listed.iter().any(|e| {
+                    e.file.pid == pid
+                        && e.file.start_ticks == f.start_ticks
+                        && e.liveness == Liveness::Detached
+                });
+                if detached {
+                    eprintln!(
+                        "heapdump: pid {pid} ({}): detached (heapdump detach); not \
+                         snapshotted until it is attached again",
+                        regions::shown(&f.name)
+                    );
+                } else {
+                    eprintln!(
+                        "heapdump: pid {pid} ({}): runs on without a region (it exec'd a \
+                         program without the shim?); not snapshotted",
+                        regions::shown(&f.name)
+                    );
+                }
             }
             continue;
         }
@@ -312,6 +338,19 @@ fn round(
             "heapdump: pid {pid} ({}): exited; no longer watched",
             regions::shown(&f.name)
         );
+    }
+    // The tree's root has exited and so has everything followed from it: nothing is left to
+    // watch (helper R, 1: an error every beat, for ever).
+    if let WatchTarget::Many(sel) = &w.target {
+        if let Some(root) = sel.tree {
+            if entries.is_empty() && followed.is_empty() && !running(root) {
+                eprintln!(
+                    "heapdump: pid {root} and the processes followed from it have exited: \
+                     watch ends"
+                );
+                return Ok(true);
+            }
+        }
     }
     if let WatchTarget::Pid(pid) = w.target {
         if entries.is_empty() && !followed.get(&pid).is_some_and(|f| f.detached) {
@@ -339,6 +378,7 @@ fn round(
                     start_ticks: e.file.start_ticks,
                     pushed: None,
                     detached: false,
+                    missing: false,
                 });
             }
             std::collections::btree_map::Entry::Occupied(mut o) if o.get().detached => {
@@ -348,7 +388,7 @@ fn round(
                 );
                 o.get_mut().detached = false;
             }
-            _ => {}
+            std::collections::btree_map::Entry::Occupied(mut o) => o.get_mut().missing = false,
         }
         let c = match multi::one(e, false, w.lock_timeout) {
             Ok(c) => c,
@@ -497,6 +537,12 @@ fn safe_name(name: &str) -> String {
 /// Whether the process of region `file`, whose snapshot just failed, is gone or exiting
 /// rather than failing: another process has its pid now, or its region file is no longer
 /// there (the shim removes it at a clean exit, possibly before the process is gone).
+/// Whether process `pid` runs: neither gone nor a zombie (exited, its parent has not reaped
+/// it yet).
+fn running(pid: u32) -> bool {
+    regions::proc_state(pid).is_some_and(|s| s != 'Z' && s != 'X')
+}
+
 fn process_gone(file: &regions::RegionFile) -> bool {
     regions::proc_start_ticks(file.pid) != Some(file.start_ticks)
         || std::fs::symlink_metadata(&file.path).is_err()
