@@ -106,3 +106,36 @@ fn open_special(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     }
     Ok(f)
 }
+
+/// JSON text `s` (as `serde_json` writes it) for a terminal: the C1 control characters
+/// (U+0080–U+009F: U+009B is a terminal's control sequence introducer) escaped as `\u00XX`
+/// too, as `serde_json` escapes the C0 ones (helper Q, 5: a command line or snapshot name
+/// could carry them raw to the terminal; the tables escape them). Only strings can hold such
+/// characters in JSON, so the escape is valid wherever it lands.
+pub fn json_for_terminal(s: String) -> String {
+    if !s.chars().any(|c| ('\u{80}'..='\u{9f}').contains(&c)) {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if ('\u{80}'..='\u{9f}').contains(&c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod json_tests {
+    #[test]
+    fn c1_controls_are_escaped() {
+        let v = serde_json::json!({"cmdline": "a\u{9b}31mb\u{85}", "plain": "é"});
+        let s = super::json_for_terminal(serde_json::to_string_pretty(&v).unwrap());
+        assert!(s.contains("a\\u009b31mb\\u0085"), "{s}");
+        assert!(s.contains("é"));
+        let back: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, v);
+    }
+}

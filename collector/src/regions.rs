@@ -881,6 +881,23 @@ pub fn matches_name(info: &RegionInfo, name: &str) -> bool {
             .is_some_and(|f| f.to_string_lossy() == name)
 }
 
+/// When process `pid` is a `heapdump run` (this executable, its first argument `run`): its
+/// child's pid, the program it runs (helper R, 4: `$!` after `heapdump run -- PROG &` is the
+/// wrapper, and the error advised attaching to it).
+pub fn run_wrapper_child(pid: u32) -> Option<u32> {
+    let me = std::fs::read_link("/proc/self/exe").ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    if exe != me {
+        return None;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    if cmdline.split(|b| *b == 0).nth(1) != Some(b"run".as_slice()) {
+        return None;
+    }
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
 /// The pids of process `root` and of all its descendants, from the parent pid (field 4) of
 /// every `/proc/PID/stat`, sorted. A process that exits while `/proc` is read is left out; an
 /// orphan re-parented (to init or a subreaper) is no longer a descendant.
@@ -1251,6 +1268,13 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                         region_dir().display(),
                         shown(&file),
                         shown(&file)
+                    );
+                }
+                if let Some(child) = run_wrapper_child(*pid) {
+                    bail!(
+                        "process {pid} is `heapdump run` itself, not instrumented; the program \
+                         it runs is its child, pid {child} (in a shell, `$!` after `heapdump \
+                         run -- PROG &` is the wrapper's pid)"
                     );
                 }
                 if proc_start_ticks(*pid).is_some() {

@@ -324,12 +324,24 @@ pub fn collect_at(
     // Generated code: names from the perf map and jitdump files the target wrote, and
     // executable file mappings its module table lacks (read from /proc while it runs).
     let same_ns = !alive || crate::frozen::same_pid_namespace(target_pid);
+    // The executable mappings of the running target: a return address in none of them is no
+    // code at all (None: not known, post-mortem or in another namespace).
+    let mut exec: Option<Vec<(u64, u64)>> = None;
     let jit = if same_ns {
         use std::os::unix::fs::MetadataExt;
         if alive {
             let maps = crate::perfmap::proc_maps(target_pid);
             let extra = crate::perfmap::unlisted_modules(&maps, &modules);
             modules.extend(extra);
+            if !maps.is_empty() {
+                let mut x: Vec<(u64, u64)> = maps
+                    .iter()
+                    .filter(|m| m.perms.contains('x'))
+                    .map(|m| (m.start, m.end))
+                    .collect();
+                x.sort_unstable();
+                exec = Some(x);
+            }
         }
         let target = crate::perfmap::Target {
             pid: target_pid,
@@ -346,7 +358,14 @@ pub fn collect_at(
     let threads = region.threads();
     let python = crate::python::Codes::read(&region, stacks.values());
     crate::python::drop_perf_trampolines(&mut stacks, &python, &jit, &modules);
-    if let Some(w) = unnamed_code_warning(&stacks, &inuse, &modules, &jit, &info.exe_path) {
+    if let Some(w) = unnamed_code_warning(
+        &stacks,
+        &inuse,
+        &modules,
+        &jit,
+        exec.as_deref(),
+        &info.exe_path,
+    ) {
         meta.warnings.push(w);
     }
     if let Some(why) = opened.truncated() {
@@ -380,40 +399,89 @@ const UNNAMED_CODE_SHARE: f64 = 0.01;
 /// named `node*`) its flags, `--perf-basic-prof --interpreted-frames-native-stack` (README,
 /// "Node.js and other JITs"), else a perf map or jitdump from the JIT. CPython's frames spliced
 /// in by the shim ([`vmo_layout::v1::PYTHON_FRAME`], `PYTHON_EVAL_FRAME`) are names, not
-/// addresses: never counted.
+/// addresses: never counted. With `exec` (the running target's executable mappings, sorted),
+/// an unnamed address in none of them is no code at all — a word past the end of a stack the
+/// walk took for a return address (greenlet and coroutine stacks: helper P, 2, a gevent
+/// program was told its JIT published no names) — and is said to be that instead.
 fn unnamed_code_warning(
     stacks: &HashMap<u32, Vec<u64>>,
     inuse: &HashMap<(u32, u32, u64), (f64, f64)>,
     modules: &[Module],
     jit: &crate::perfmap::JitSymbols,
+    exec: Option<&[(u64, u64)]>,
     exe_path: &str,
 ) -> Option<String> {
     use vmo_layout::v1::{PYTHON_EVAL_FRAME, PYTHON_FRAME};
+    /// What an unnamed frame's address is.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Unnamed {
+        No,
+        Code,
+        NotCode,
+    }
+    let in_exec = |a: u64| {
+        exec.is_none_or(|x| {
+            let i = x.partition_point(|r| r.0 <= a);
+            i > 0 && a < x[i - 1].1
+        })
+    };
     // Looked up for every frame of every stack (a CPython process: millions): a fast hash.
-    let mut nameless: rustc_hash::FxHashMap<u64, bool> = Default::default();
-    let mut stack_nameless: rustc_hash::FxHashMap<u32, bool> = Default::default();
-    let (mut all, mut under) = (0f64, 0f64);
+    let mut nameless: rustc_hash::FxHashMap<u64, Unnamed> = Default::default();
+    let mut stack_nameless: rustc_hash::FxHashMap<u32, Unnamed> = Default::default();
+    let (mut all, mut under, mut not_code) = (0f64, 0f64, 0f64);
     for (&(stack, _, _), &(_, bytes)) in inuse {
         all += bytes;
         let hit = *stack_nameless.entry(stack).or_insert_with(|| {
-            stacks.get(&stack).is_some_and(|frames| {
-                frames.iter().any(|&pc| {
-                    pc & (PYTHON_FRAME | PYTHON_EVAL_FRAME) == 0
-                        && *nameless.entry(pc).or_insert_with(|| {
-                            // The call site: return address - 1, as the profile's locations.
-                            let a = pc.wrapping_sub(1);
-                            crate::symbolize::module_of(modules, a).is_none()
-                                && jit.name(a).is_none()
-                        })
-                })
-            })
+            let Some(frames) = stacks.get(&stack) else {
+                return Unnamed::No;
+            };
+            let mut seen = Unnamed::No;
+            for &pc in frames {
+                if pc & (PYTHON_FRAME | PYTHON_EVAL_FRAME) != 0 {
+                    continue;
+                }
+                let u = *nameless.entry(pc).or_insert_with(|| {
+                    // The call site: return address - 1, as the profile's locations.
+                    let a = pc.wrapping_sub(1);
+                    if crate::symbolize::module_of(modules, a).is_some() || jit.name(a).is_some() {
+                        Unnamed::No
+                    } else if in_exec(a) {
+                        Unnamed::Code
+                    } else {
+                        Unnamed::NotCode
+                    }
+                });
+                if u == Unnamed::Code {
+                    return u;
+                }
+                if u == Unnamed::NotCode {
+                    seen = u;
+                }
+            }
+            seen
         });
-        if hit {
-            under += bytes;
+        match hit {
+            Unnamed::Code => under += bytes,
+            Unnamed::NotCode => not_code += bytes,
+            Unnamed::No => {}
         }
     }
-    if all <= 0.0 || under < all * UNNAMED_CODE_SHARE {
+    if all <= 0.0 {
         return None;
+    }
+    if under < all * UNNAMED_CODE_SHARE {
+        if not_code < all * UNNAMED_CODE_SHARE {
+            return None;
+        }
+        return Some(format!(
+            "{:.0}% of the live bytes ({} of {}) have stacks with `<unknown>` frames at \
+             addresses no executable mapping of the process holds: not code, but words past \
+             the end of a stack that the unwinder took for return addresses (a coroutine or \
+             greenlet stack); the frames inside them are right",
+            not_code * 100.0 / all,
+            not_code.round() as u64,
+            all.round() as u64
+        ));
     }
     let what = format!(
         "{:.0}% of the live bytes ({} of {}) were allocated under generated code that has no \

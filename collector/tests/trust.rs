@@ -1702,3 +1702,53 @@ fn crafted_and_truncated_regions_are_bounded() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("truncated while being read"), "{err}");
 }
+
+/// Helper R, 4: `$!` after `heapdump run -- PROG &` is the wrapper's pid. `snapshot` of it says
+/// so and names the program's pid (before: "not instrumented … heapdump attach"), and `attach`
+/// refuses it (before: it attached to `heapdump run` itself and profiled the wrapper).
+#[test]
+fn the_run_wrapper_is_named_not_attached() {
+    let exe = compile_c("hold_for", &[]);
+    let dir = region_dir("run-wrapper");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut w = Command::new(heapdump())
+        .args(["run", "--"])
+        .arg(&exe)
+        .arg("20")
+        .env("HEAPDUMP_DIR", &dir)
+        .spawn()
+        .unwrap();
+    let pid = w.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let child: u32 = loop {
+        let c =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = c.split_whitespace().next() {
+            break c.parse().unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "no child");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = dir.join("s.pb.gz");
+    let (ok, _, err) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &pid.to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !ok && err.contains("is `heapdump run` itself")
+            && err.contains(&format!("pid {child}"))
+            && !err.contains("heapdump attach --by-pid"),
+        "{err}"
+    );
+    let (ok, _, err) = heapdump_cmd(&dir, &["attach", "--by-pid", &pid.to_string()]);
+    assert!(!ok && err.contains("is `heapdump run` itself"), "{err}");
+    // SAFETY: our own child's child, by pid.
+    unsafe { libc::kill(child as i32, libc::SIGTERM) };
+    let _ = w.wait();
+}

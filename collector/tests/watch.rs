@@ -392,8 +392,10 @@ fn a_tree_watch_keeps_what_it_follows_when_the_root_exits() {
         .unwrap();
     // The launcher records too: wait for its region (and its child's).
     let root = sh.id();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     let deadline = Instant::now() + Duration::from_secs(5);
-    while std::fs::read_dir(dir.join(format!("heapdump-{}", unsafe { libc::geteuid() })))
+    while std::fs::read_dir(dir.join(format!("heapdump-{euid}")))
         .or_else(|_| std::fs::read_dir(&dir))
         .map(|rd| {
             rd.flatten()

@@ -544,6 +544,13 @@ fn settings_env() -> Vec<u8> {
 /// `heapdump attach`.
 pub fn attach(a: &AttachCmd) -> Result<()> {
     let pid = resolve(a)?;
+    if let Some(child) = crate::regions::run_wrapper_child(pid) {
+        bail!(
+            "pid {pid} is `heapdump run` itself: the program it runs is its child, pid {child}, \
+             which records already when it was started with the shim (`heapdump snapshot \
+             --by-pid {child}`)"
+        );
+    }
     refuse_other_pid_namespace(pid)?;
     let shim = crate::commands::run::shim_path(a.lib.clone())?;
     let (answer, took) = call(pid, a, &shim, ATTACH_ENTRY, libc::RTLD_NOW as u64, false)?;

@@ -166,7 +166,10 @@ pub fn run(a: Options) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            crate::output::json_for_terminal(serde_json::to_string_pretty(&v)?)
+        );
     } else {
         for ((s, stack), (blocks, bytes)) in &groups {
             let kind = if *s == Status::Direct {

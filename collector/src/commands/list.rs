@@ -62,7 +62,10 @@ pub fn run(a: Options) -> Result<()> {
                 }),
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            crate::output::json_for_terminal(serde_json::to_string_pretty(&v)?)
+        );
         return Ok(());
     }
     println!(

@@ -96,7 +96,10 @@ pub fn run(a: Options) -> Result<()> {
                 serde_json::json!({"chain": path, "blocks": blocks, "bytes": bytes})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            crate::output::json_for_terminal(serde_json::to_string_pretty(&v)?)
+        );
         return Ok(());
     }
     for (path, (blocks, bytes)) in chains.iter().take(a.top) {

@@ -75,7 +75,10 @@ pub fn run(a: Options) -> Result<()> {
             }).collect::<Vec<_>>(),
             "roots": roots.iter().take(a.top).map(|&(r, v)| serde_json::json!({"root": g.roots[r].name, "retained": v})).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            crate::output::json_for_terminal(serde_json::to_string_pretty(&v)?)
+        );
         return Ok(());
     }
     println!(
