@@ -1494,3 +1494,17 @@ fn vfork_and_execl_leave_the_parent_its_size() {
         "VmSize grew by {grew} KiB over 1,000 vfork + execl"
     );
 }
+
+/// Blocks a thread allocates after the shim's exit handler ran (a pthread key's destructor, a
+/// `thread_local`'s) keep their stacks: the thread's scratch buffers are unmapped by then, and
+/// the capture uses one on the stack. 4 threads × 555 bytes, each under `at_thread_exit_alloc`.
+#[test]
+fn allocations_after_a_threads_exit_handler_keep_their_stacks() {
+    let exe = compile_c("thread_exit_alloc", &[]);
+    let dir = region_dir("thread-exit-alloc");
+    let r = start(Command::new(&exe), &dir, true);
+    let out = snapshot(&dir, r.pid(), &[]);
+    let p = decode(&out);
+    assert_eq!(sum_through(&p, "at_thread_exit_alloc")[2..], [4, 2220]);
+    assert_eq!(r.finish(), 0);
+}

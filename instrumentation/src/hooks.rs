@@ -344,13 +344,29 @@ fn stack_id(g: &Global, t: &Tls, start: Start) -> u32 {
     }
     let scratch = t.scratch();
     if scratch.is_null() {
-        return u32::MAX;
+        return stack_id_without_scratch(g, t, start);
     }
     // SAFETY: the buffer is this thread's and we are inside its reentrancy guard (called from
     // `enter`): nothing else uses it during this capture (a signal handler's allocation is
     // deferred, captured into a buffer of its own). `intern` borrows the scratch's other
     // field only.
     let frames = unsafe { &mut (*scratch).frames };
+    stack_id_into(g, t, start, frames)
+}
+
+/// [`stack_id`] with a buffer on the stack: a thread past its exit handler (a `thread_local`
+/// destructor that allocates) has no scratch any more, and one whose scratch could not be
+/// mapped never had one.
+#[cold]
+#[inline(never)]
+fn stack_id_without_scratch(g: &Global, t: &Tls, start: Start) -> u32 {
+    let mut frames = [0u64; MAX_FRAMES];
+    stack_id_into(g, t, start, &mut frames)
+}
+
+/// [`stack_id`], capturing into `frames`.
+#[inline(always)]
+fn stack_id_into(g: &Global, t: &Tls, start: Start, frames: &mut [u64; MAX_FRAMES]) -> u32 {
     // Where stack reads must stop: the thread's stack top, or on another stack (a coroutine's,
     // a sigaltstack) the end of the memory readable above this frame.
     let marker = 0u8;
@@ -477,7 +493,14 @@ fn intern(g: &Global, t: &Tls, frames: &[u64]) -> u32 {
     let h = hash_frames(frames);
     let scratch = t.scratch();
     if scratch.is_null() {
-        return u32::MAX;
+        // No cache (see `stack_id_without_scratch`): the region's own index answers.
+        return match g.stacks.intern(&g.writer, h, frames) {
+            Some(id) => id,
+            None => {
+                crate::region::table_full(&g.writer);
+                u32::MAX
+            }
+        };
     }
     // SAFETY: the cache belongs to this thread and we are inside its reentrancy guard; the
     // caller's `frames` may be the scratch's other field, never this one.

@@ -353,7 +353,7 @@ fn round(
         }
     }
     if let WatchTarget::Pid(pid) = w.target {
-        if entries.is_empty() && !followed.get(&pid).is_some_and(|f| f.detached) {
+        if entries.is_empty() && !followed.get(&pid).is_some_and(|f| f.detached || f.missing) {
             eprintln!("heapdump: pid {pid} is no longer running: watch ends");
             return Ok(true);
         }
