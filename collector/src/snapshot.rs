@@ -483,6 +483,9 @@ fn unnamed_code_warning(
             all.round() as u64
         ));
     }
+    // The bytes under any `<unknown>` frame, as the profile shows them (a stack of generated
+    // code may also hold words that are no code).
+    let under = under + not_code;
     let what = format!(
         "{:.0}% of the live bytes ({} of {}) were allocated under generated code that has no \
          name (`<unknown>` frames)",
