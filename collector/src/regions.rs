@@ -157,35 +157,6 @@ pub fn list_files(dir: &Path) -> Result<Vec<RegionFile>> {
     Ok(out)
 }
 
-/// The regions in `dir` set aside for an `exec` (`PID-TICKS-NS.heapdump.exec`, the shim's
-/// `exec.rs`), as (path, pid, start ticks); empty when the directory is missing.
-///
-/// # Errors
-/// As [`list_files`]: the directory is not the caller's, or cannot be read.
-pub fn aside_files(dir: &Path) -> Result<Vec<(PathBuf, u32, u64)>> {
-    if !check_dir(dir)? {
-        return Ok(Vec::new());
-    }
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
-    };
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let bytes = name.as_encoded_bytes();
-        if !bytes.ends_with(vmo_layout::name::EXEC_SUFFIX) {
-            continue;
-        }
-        if let Some(n) = vmo_layout::name::parse_with_aside(bytes) {
-            out.push((e.path(), n.pid, n.start_ticks));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// An open, mapped region file.
 #[derive(Debug)]
 pub struct Opened {
@@ -1195,10 +1166,14 @@ pub fn innermost_pid(pid: u32) -> Option<u32> {
 /// encoding).
 pub fn maps_id(md: &std::fs::Metadata) -> (u32, u32, u64) {
     use std::os::unix::fs::MetadataExt;
-    let d = md.dev();
+    maps_id_of(md.dev(), md.ino())
+}
+
+/// [`maps_id`] from a device number and an inode (a `stat`'s `st_dev`, `st_ino`).
+pub fn maps_id_of(d: u64, ino: u64) -> (u32, u32, u64) {
     let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
     let minor = (d & 0xff) | ((d >> 12) & !0xff);
-    (major as u32, minor as u32, md.ino())
+    (major as u32, minor as u32, ino)
 }
 
 /// The region file process `pid` maps and has not removed (`/proc/PID/maps`: a path ending in

@@ -104,17 +104,31 @@ pub fn run(a: Options) -> Result<()> {
     // Regions set aside for an exec (the shim's exec.rs): the exec succeeded, or the process
     // died, once no process maps the file (a failed exec renames it back, still mapped). A
     // process whose mappings cannot be read (not dumpable) keeps its file while it runs.
-    for (path, pid, ticks) in regions::aside_files(&dir_path)? {
-        let Ok(md) = std::fs::symlink_metadata(&path) else {
+    // Listed and examined through the directory opened above, never through its path again.
+    let aside_names = dir
+        .as_ref()
+        .and_then(|d| d.names().ok())
+        .unwrap_or_default();
+    for name in aside_names {
+        let Some(d) = dir.as_ref() else { break };
+        let bytes = name.as_encoded_bytes();
+        if !bytes.ends_with(b".heapdump.exec") {
+            continue;
+        }
+        let Some(n) = vmo_layout::name::parse_with_aside(bytes) else {
             continue;
         };
-        if !md.is_file() {
+        let Ok(Some(st)) = d.stat_at(&name) else {
+            continue;
+        };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             continue;
         }
         let mappers = mappers.get_or_insert_with(regions::region_mappers);
-        if mappers.contains_key(&regions::maps_id(&md)) {
+        if mappers.contains_key(&regions::maps_id_of(st.st_dev, st.st_ino)) {
             continue;
         }
+        let (pid, ticks) = (n.pid, n.start_ticks);
         let gone = regions::proc_start_ticks(pid) != Some(ticks);
         if !gone && std::fs::File::open(format!("/proc/{pid}/maps")).is_err() {
             continue;
@@ -124,9 +138,10 @@ pub fn run(a: Options) -> Result<()> {
         } else {
             format!("pid {pid} (its image before an exec that succeeded)")
         };
+        let path = d.path().join(&name);
         if a.dry_run {
             println!("would remove {}: {what}", path.display());
-        } else if let Err(err) = remove(dir.as_ref(), &path) {
+        } else if let Err(err) = d.remove(&name) {
             eprintln!("heapdump: cannot remove {}: {err:#}", path.display());
             failed += 1;
             continue;
