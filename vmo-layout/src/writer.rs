@@ -125,10 +125,18 @@ impl RegionWriter {
             let es = self.sections[kind as usize - 1].entry_size as u64;
             // Ahead by an eighth of what the section holds (64 KiB to 512 KiB): a small
             // section — most of them, in most programs — keeps little storage in reserve.
-            let ahead = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_AHEAD)
-                + b.boost.load(Ordering::Relaxed);
+            // The boost is for the allocations table only: it is what threads outrun (every
+            // allocation takes a record); a stack or thread table grows far more slowly.
+            let mut ahead = (have * es / 8).clamp(BACKING_MIN_CHUNK, BACKING_AHEAD);
+            if kind == section::ALLOCATIONS {
+                ahead += b.boost.load(Ordering::Relaxed);
+            }
             if (have - end) * es < ahead {
-                b.grow(self, kind, end, have + ahead / es.max(1), false);
+                // Ahead of `end`, this thread's own position, not of `have`: `have` may be
+                // a grower's progress read just before it finished, and growing ahead of it
+                // reserved that much again (32 threads on 2 cores: 16 MiB reserved beyond
+                // 1.3 MiB of records; trust.rs's churn with 32 threads).
+                b.grow(self, kind, end, end + ahead / es.max(1), false);
             }
             return true;
         }
@@ -1052,7 +1060,8 @@ pub struct Backing {
     /// The file's device and inode, checked before each use of `fd`.
     dev: AtomicU64,
     ino: AtomicU64,
-    /// Bytes reserved ahead beyond the usual (0 to [`BACKING_BOOST_MAX`]): doubled each time
+    /// Bytes of the allocations table reserved ahead beyond the usual (0 to
+    /// [`BACKING_BOOST_MAX`]; other sections never get it): doubled each time
     /// a thread had to wait for a grower, so that threads allocating faster than one grower
     /// reserves (8 threads on 2 cores, each descheduled in turn) stop waiting. A program that
     /// never outruns its growers keeps only the usual eighth in reserve.
