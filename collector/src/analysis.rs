@@ -306,7 +306,14 @@ pub fn stack_names_hinted(
         .collect();
     addrs.sort_unstable();
     addrs.dedup();
-    let resolved = python::resolve(&c.modules, &c.jit, &c.python, &addrs, true);
+    let resolved = python::resolve(
+        &c.modules,
+        &c.jit,
+        &c.python,
+        &addrs,
+        true,
+        c.read_as.as_ref(),
+    );
     let mut out = std::collections::HashMap::new();
     let mut hints = std::collections::HashMap::new();
     for s in stacks {

@@ -113,6 +113,7 @@ pub fn resolve(
     codes: &Codes,
     addrs: &[u64],
     symbolize: bool,
+    read_as: Option<&symbolize::ReadAs>,
 ) -> HashMap<u64, Resolved> {
     let (py, tagged): (Vec<u64>, Vec<u64>) = addrs
         .iter()
@@ -130,7 +131,7 @@ pub fn resolve(
     native.sort_unstable();
     native.dedup();
     let by_plain = if symbolize {
-        symbolize::symbolize(modules, &|a| jit.lookup(a), &native)
+        symbolize::symbolize(modules, &|a| jit.lookup(a), &native, read_as)
     } else {
         native
             .iter()

@@ -41,6 +41,9 @@ pub struct Collected {
     /// The target was stopped for the whole scan (records read as they were, nothing waited
     /// for): how ("SIGSTOP", "ptrace", "cgroup freezer") and its number of threads.
     pub stopped: Option<(String, usize)>,
+    /// Whose rights the module files are opened with, when the region is someone else's
+    /// ([`crate::symbolize::ReadAs`]).
+    pub read_as: Option<crate::symbolize::ReadAs>,
 }
 
 impl Collected {
@@ -371,6 +374,23 @@ pub fn collect_at(
     if let Some(why) = opened.truncated() {
         anyhow::bail!("{why}");
     }
+    let read_as = {
+        use std::os::unix::fs::MetadataExt;
+        match opened.file.metadata() {
+            Ok(md) => crate::symbolize::ReadAs::for_region(
+                md.uid(),
+                md.gid(),
+                target_pid,
+                alive && same_ns,
+            ),
+            // Not known whose: nobody's rights (no module read beyond what all may read).
+            Err(_) => Some(crate::symbolize::ReadAs {
+                uid: 65534,
+                gid: 65534,
+                groups: Vec::new(),
+            }),
+        }
+    };
     Ok(Collected {
         info,
         alive: liveness == Liveness::Alive,
@@ -386,6 +406,7 @@ pub fn collect_at(
         python,
         notes,
         stopped: stopped.map(|f| (f.how.clone(), f.threads())),
+        read_as,
     })
 }
 

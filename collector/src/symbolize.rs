@@ -37,6 +37,102 @@ pub struct Resolved {
     pub frames: Vec<Frame>,
 }
 
+/// Whose rights the module files a region names are opened with, when not the collector's
+/// own: the region's owner, when root (or another user with the capabilities) collects a
+/// region someone else wrote. The region's owner chooses its module paths, and must not make
+/// root's profile show the names and source lines of an ELF file the owner cannot read
+/// (helper Q, 4: `/root/…/secret.so` named as a module).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadAs {
+    /// File-system user id (the region file's owner).
+    pub uid: u32,
+    /// File-system group id (the region file's group).
+    pub gid: u32,
+    /// Supplementary groups (the target's, from `/proc/PID/status`, while it runs; else none).
+    pub groups: Vec<u32>,
+}
+
+impl ReadAs {
+    /// For a region whose file is owned by `uid`:`gid`, written by process `pid` (`alive`:
+    /// still running, in this PID namespace): `None` when the collector runs as that user
+    /// (its own rights are the owner's).
+    pub fn for_region(uid: u32, gid: u32, pid: u32, alive: bool) -> Option<ReadAs> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == uid {
+            return None;
+        }
+        let groups = if alive {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    let line = s.lines().find(|l| l.starts_with("Groups:"))?.to_owned();
+                    Some(
+                        (line["Groups:".len()..].split_whitespace())
+                            .filter_map(|g| g.parse().ok())
+                            .collect(),
+                    )
+                })
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Some(ReadAs { uid, gid, groups })
+    }
+}
+
+/// Opens `path` for reading, without blocking (a FIFO) and, with `read_as`, with the rights of
+/// that user only: the open runs on a thread of its own whose file-system ids and
+/// supplementary groups are set by raw system calls (Linux keeps credentials per thread;
+/// glibc's wrappers would change every thread's) and which ends after the open, so the kernel
+/// itself checks every directory on the way and the file's mode, as for that user. A
+/// collector without the rights to change its ids (not root) opens as itself: it reads only
+/// what it may read anyway.
+///
+/// Errors: the open's (`EACCES` when the owner may not read the file).
+pub(crate) fn open_module(path: &Path, read_as: Option<&ReadAs>) -> std::io::Result<std::fs::File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(path)
+    };
+    let Some(r) = read_as else {
+        return open();
+    };
+    let on_thread = || -> std::io::Result<std::fs::File> {
+        // SAFETY: raw system calls that change the calling thread's credentials only; the
+        // group list is a valid array of `len` gid_t; the thread ends after the open below.
+        let dropped = unsafe {
+            libc::syscall(
+                libc::SYS_setgroups,
+                r.groups.len() as libc::c_long,
+                r.groups.as_ptr(),
+            ) == 0
+        };
+        if !dropped {
+            // EPERM: not privileged, the collector's own rights are no more than its own.
+            return open();
+        }
+        // SAFETY: as above; setfsgid/setfsuid return the previous id and never fail loudly:
+        // checked below by asking again with an invalid id (-1 changes nothing).
+        let ok = unsafe {
+            libc::syscall(libc::SYS_setfsgid, r.gid as libc::c_long);
+            libc::syscall(libc::SYS_setfsuid, r.uid as libc::c_long);
+            libc::syscall(libc::SYS_setfsgid, -1 as libc::c_long) == r.gid as libc::c_long
+                && libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) == r.uid as libc::c_long
+        };
+        if !ok {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+        open()
+    };
+    std::thread::scope(|s| {
+        s.spawn(on_thread)
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::from_raw_os_error(libc::EIO)))
+    })
+}
+
 /// Index of the module whose PT_LOAD segments contain `addr`.
 ///
 /// Several entries can contain it when a library was `dlclose`d and another one (or the same
@@ -82,6 +178,7 @@ pub fn symbolize(
     modules: &[Module],
     jit: &dyn Fn(u64) -> Option<Frame>,
     addrs: &[u64],
+    read_as: Option<&ReadAs>,
 ) -> HashMap<u64, Resolved> {
     let mut by_module: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut out: HashMap<u64, Resolved> = HashMap::with_capacity(addrs.len());
@@ -119,11 +216,8 @@ pub fn symbolize(
         // same file), never by its name again: its owner could swap it for a FIFO between a
         // check and blazesym's blocking open (helper E, F4: root's snapshot hung in 12 of 30
         // tries), and its debug link is not followed (its candidates are the owner's too).
-        let Ok(file) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-            .open(named)
-        else {
+        // With the rights of the region's owner when someone else collects (`read_as`).
+        let Ok(file) = open_module(named, read_as) else {
             continue;
         };
         if !file.metadata().is_ok_and(|md| md.is_file()) {

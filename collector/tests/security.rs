@@ -1041,3 +1041,84 @@ fn a_process_that_is_not_dumpable_is_not_read_through_its_owners_region() {
         assert_eq!(r.finish(), 0);
     }
 }
+
+/// Helper Q, 4: the module paths of a region are its owner's to choose; root collecting a
+/// user's region must not show the names of an ELF file that user cannot read. A program run
+/// as nobody loads a plugin from a directory of nobody's (`dlopener`: 100 blocks of 3,000
+/// bytes from `plugin_alloc`, the plugin closed again); root's snapshot names the function.
+/// Then the plugin's path is given a copy only root may read (mode 600), as an owner could
+/// point a module's path at any file: root's next snapshot counts the same blocks but names
+/// no function of it (before: `plugin_alloc`, read with root's rights).
+#[test]
+fn module_files_are_read_with_the_region_owners_rights() {
+    let test = "module_files_are_read_with_the_region_owners_rights";
+    if !can_run(test) {
+        return;
+    }
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    if !is_root() || !setpriv.is_ok_and(|o| o.status.success()) {
+        skip_note(&format!(
+            "skipped: {test}: needs root and setpriv (to run a process as nobody)"
+        ));
+        return;
+    }
+    let exe = compile_c("dlopener", &[]);
+    let built = compile_lib("plugin.c", "libplugin-rights.so", &[]);
+    let dir = region_dir("module-rights");
+    let libdir = dir.with_extension("lib");
+    for (d, m) in [(&dir, 0o700), (&libdir, 0o755)] {
+        std::fs::create_dir_all(d).unwrap();
+        std::os::unix::fs::chown(d, Some(NOBODY), Some(NOBODY)).unwrap();
+        mode(d, m);
+    }
+    let lib = libdir.join("libplugin.so");
+    std::fs::copy(&built, &lib).unwrap();
+    mode(&lib, 0o644);
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .arg(&lib);
+    let r = start(cmd, &dir, true);
+    let region = region_file(&dir);
+    let snap = |name: &str| {
+        let out = dir.with_extension(format!("{name}.pb.gz"));
+        let t = heapdump_timeout(
+            &dir,
+            &[
+                "snapshot",
+                "--region",
+                region.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(t.code, Some(0), "{t:?}");
+        decode(&out)
+    };
+    let p = snap("readable");
+    assert_eq!(
+        sum_through(&p, "plugin_alloc")[2..],
+        [100, 300_000],
+        "the plugin nobody may read is symbolized"
+    );
+    // The same file, now root's only: nobody could no longer open it.
+    std::fs::remove_file(&lib).unwrap();
+    std::fs::copy(&built, &lib).unwrap();
+    mode(&lib, 0o600);
+    let p = snap("root-only");
+    let names: Vec<&String> = (p.function.iter())
+        .map(|f| &p.string_table[f.name as usize])
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("plugin_")),
+        "a file the region's owner cannot read is not symbolized: {names:?}"
+    );
+    let in_blocks_of_3000: i64 = (p.sample.iter())
+        .filter(|s| s.value[2] > 0 && s.value[3] == s.value[2] * 3000)
+        .map(|s| s.value[2])
+        .sum();
+    assert_eq!(in_blocks_of_3000, 100, "the blocks are still counted");
+    assert_eq!(r.finish(), 0);
+    let _ = std::fs::remove_dir_all(&libdir);
+}
