@@ -680,6 +680,50 @@ fn malloc_usable_size_stays_glibcs_beside_another_allocator() {
     assert_eq!(r.finish(), 0);
 }
 
+/// Helper T, 1: a C++ program linked with jemalloc (`g++ … -ljemalloc`) aborted before `main`
+/// under the shim ("free(): invalid pointer"): jemalloc's operator delete jumps to `free`
+/// through jemalloc's own PLT, which bound to the preloaded shim, which gave jemalloc's
+/// block to glibc. Now jemalloc's own references reach its own functions, as without the
+/// shim: the program runs to its end (objects made and freed in static initializers, main
+/// and a thread), its malloc blocks are recorded exactly, and the region still says that
+/// operator new is jemalloc's.
+#[test]
+fn a_program_linked_with_another_allocator_runs_as_without_the_shim() {
+    let test = "a_program_linked_with_another_allocator_runs_as_without_the_shim";
+    let jemalloc = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    if !jemalloc.exists() {
+        skip_note(&format!(
+            "skipped: {test}: no {} (Debian's libjemalloc2)",
+            jemalloc.display()
+        ));
+        return;
+    }
+    let exe = target_dir().join("test-bins/jemalloc_new");
+    let st = Command::new("g++")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"])
+        .args(["-pthread", "-o"])
+        .arg(&exe)
+        .arg(root().join("examples/c/jemalloc_new.cc"))
+        .arg(jemalloc)
+        .status()
+        .expect("g++");
+    assert!(st.success());
+    let dir = region_dir("jemalloc-linked");
+    let r = start(Command::new(&exe), &dir, true);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(sum_through(&p, "keep_blocks()")[2..], [21, 20_160]);
+    let list = list_json(&dir);
+    let mine = (list.iter())
+        .find(|e| e["pid"].as_u64() == Some(r.pid() as u64))
+        .unwrap()
+        .to_string();
+    assert!(
+        mine.contains("C++ operator new is another allocator's, from libjemalloc.so.2"),
+        "{mine}"
+    );
+    assert_eq!(r.finish(), 0);
+}
+
 /// The shim's warnings never harm the program: a forked child that cannot get a region
 /// (RLIMIT_NOFILE 3) while descriptor 2 is a pipe nobody reads is not killed by SIGPIPE (it
 /// was), and one whose descriptor 2 is now a data file finds nothing of the shim's in it (a

@@ -103,7 +103,7 @@ fn note_other_allocators(s: &mut Settings) {
         )
     };
     let own_base = info.dli_fbase as usize;
-    let mut note = |what: &[u8], name: &std::ffi::CStr, expected: &[&[u8]]| {
+    let mut note = |what: &[u8], name: &std::ffi::CStr, expected: &[&[u8]], advice: &[u8]| {
         // SAFETY: a NUL-terminated name; RTLD_DEFAULT looks in the global scope.
         let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
         let mut info = zeroed();
@@ -137,23 +137,22 @@ fn note_other_allocators(s: &mut Settings) {
         if expected.iter().any(|e| file.starts_with(e)) {
             return false;
         }
-        s.warn(&[
-            what,
-            &file[..file.len().min(80)],
-            b": those allocations are not recorded (preload libheapdump.so first, or profile \
-              with that allocator's own tools)",
-        ]);
+        s.warn(&[what, &file[..file.len().min(80)], advice]);
         true
     };
     if !note(
         b"malloc is another allocator's, from ",
         c"malloc",
         &[b"libc.so"],
+        b": those allocations are not recorded (preload libheapdump.so first, or profile \
+          with that allocator's own tools)",
     ) {
         note(
             b"C++ operator new is another allocator's, from ",
             c"_Znwm",
             &[b"libstdc++.so", b"libc++.so", b"libc++abi.so"],
+            b": C++ objects (new, containers) are not recorded, only malloc's blocks (profile \
+              a build without it, or with that allocator's own tools)",
         );
     }
 }

@@ -50,6 +50,9 @@ struct Ctx<'a> {
     lazy_to_libc: [bool; MAX_TABLE],
     /// The load range of the object being rebound (see `callback`).
     object: (usize, usize),
+    /// [`bind_to_itself`]: only the object loaded at this bias is rebound, every slot of a
+    /// listed name whatever it holds (`Rebind::libc` unused).
+    only: Option<usize>,
 }
 
 /// Most entries of a rebinding table.
@@ -158,6 +161,34 @@ fn rebind(table: &[Rebind], attach: bool) -> usize {
         attach,
         lazy_to_libc,
         object: (0, 0),
+        only: None,
+    };
+    // SAFETY: the callback has the right signature and receives our context.
+    unsafe { libc::dl_iterate_phdr(Some(callback), &mut ctx as *mut Ctx as *mut c_void) };
+    ctx.rebound
+}
+
+/// Points the GOT slots of the object loaded at bias `base` for the names of `table` at that
+/// object's own definitions (`Rebind::ours`), as they bind without the shim.
+///
+/// Why: another allocator linked into a program (jemalloc, by `-ljemalloc`) comes before libc
+/// in the lookup order, so its own calls through its PLT — jemalloc's `operator delete` is a
+/// jump to `free@plt` — reach its own `free`. Preloaded, the shim comes first and got
+/// jemalloc's blocks, which it gave to glibc: "free(): invalid pointer", the program aborted
+/// before `main` (helper T, 1). The program's calls still reach the shim (its `malloc` is
+/// glibc's under the shim, as for a preloaded allocator behind it).
+pub fn bind_to_itself(base: usize, table: &[Rebind]) -> usize {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr fills `info` for an address inside this library.
+    unsafe { libc::dladdr(rebind_all as *const () as *const c_void, &mut info) };
+    let mut ctx = Ctx {
+        table,
+        own_base: info.dli_fbase as usize,
+        rebound: 0,
+        attach: false,
+        lazy_to_libc: [false; MAX_TABLE],
+        object: (0, 0),
+        only: Some(base),
     };
     // SAFETY: the callback has the right signature and receives our context.
     unsafe { libc::dl_iterate_phdr(Some(callback), &mut ctx as *mut Ctx as *mut c_void) };
@@ -180,6 +211,9 @@ unsafe extern "C" fn callback(
     // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
     let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
     let file = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+    if ctx.only.is_some_and(|only| only != base) {
+        return 0;
+    }
     if (base == ctx.own_base && base != 0)
         || (file.starts_with(b"libc.so") && !ctx.attach)
         || file.starts_with(b"ld-linux")
@@ -296,7 +330,11 @@ unsafe fn rebind_object(
                 && ctx.lazy_to_libc.get(k).copied().unwrap_or(false)
                 && old >= ctx.object.0
                 && old < ctx.object.1;
-            if old != rb.libc && !lazy {
+            if ctx.only.is_some() {
+                if old == rb.ours {
+                    continue;
+                }
+            } else if old != rb.libc && !lazy {
                 continue;
             }
             if ctx.attach {

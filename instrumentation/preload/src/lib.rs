@@ -1085,6 +1085,90 @@ pub(crate) fn own_symbol(name: &std::ffi::CStr) -> Option<usize> {
     (f != 0).then_some(f)
 }
 
+/// When C++'s `operator new` is another allocator's, linked into the program (jemalloc by
+/// `-ljemalloc`: it comes before libc in the lookup order, after the preloaded shim), that
+/// library's own references to the malloc family are pointed at its own definitions, as they
+/// bind without the shim (see [`got::bind_to_itself`]). Returns how many slots changed.
+fn bind_other_allocator_to_itself() -> usize {
+    // SAFETY: a NUL-terminated name; RTLD_DEFAULT looks in the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Znwm".as_ptr()) };
+    if f.is_null() {
+        return 0;
+    }
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr only looks the address up.
+    if unsafe { libc::dladdr(f, &mut info) } == 0 || info.dli_fname.is_null() {
+        return 0;
+    }
+    let base = info.dli_fbase as usize;
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let file = path.rsplit(|b| *b == b'/').next().unwrap_or(path);
+    let mut own: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: as above, for an address of this library.
+    unsafe { libc::dladdr(own_symbol as *const () as *const c_void, &mut own) };
+    // The C++ runtimes' operator new calls malloc (the shim's); an executable defining it
+    // (or taking its address: a PLT entry) is not another allocator's library.
+    if base == own.dli_fbase as usize
+        || base == 0
+        || [&b"libstdc++.so"[..], b"libc++.so", b"libc++abi.so", b"libc.so"]
+            .iter()
+            .any(|e| file.starts_with(e))
+    {
+        return 0;
+    }
+    let h = real_dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD);
+    if h.is_null() {
+        return 0;
+    }
+    let names: [&'static [u8]; 12] = [
+        b"malloc",
+        b"free",
+        b"calloc",
+        b"realloc",
+        b"reallocarray",
+        b"posix_memalign",
+        b"aligned_alloc",
+        b"memalign",
+        b"valloc",
+        b"pvalloc",
+        b"malloc_usable_size",
+        b"cfree",
+    ];
+    let mut table = [got::Rebind {
+        name: b"",
+        libc: 0,
+        ours: 0,
+    }; 12];
+    let mut n = 0;
+    for name in names {
+        let mut z = [0u8; 32];
+        z[..name.len()].copy_from_slice(name);
+        // SAFETY: a valid handle and a NUL-terminated name; a handle lookup starts at the
+        // object itself.
+        let d = unsafe { libc::dlsym(h, z.as_ptr() as *const c_char) };
+        let mut di: libc::Dl_info = unsafe_zeroed();
+        // SAFETY: dladdr only looks the address up.
+        if d.is_null()
+            || unsafe { libc::dladdr(d, &mut di) } == 0
+            || di.dli_fbase as usize != base
+        {
+            continue; // not defined by that library: its slot binds as before
+        }
+        table[n] = got::Rebind {
+            name,
+            libc: 0,
+            ours: d as usize,
+        };
+        n += 1;
+    }
+    real_dlclose(h);
+    if n == 0 {
+        return 0;
+    }
+    got::bind_to_itself(base, &table[..n])
+}
+
 /// The loader's `dlopen` (not our hook, which a call to `libc::dlopen` from this library
 /// reaches): for `RTLD_NOLOAD` lookups of loaded libraries.
 fn real_dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
@@ -1226,6 +1310,7 @@ extern "C" fn constructor() {
         heapdump_instrumentation::state::wait_for_start();
         return;
     }
+    heapdump_instrumentation::state::own_work(bind_other_allocator_to_itself);
     heapdump_instrumentation::init();
     heapdump_instrumentation::state::enable_block_headers();
     heapdump_instrumentation::state::register_fork_handlers();
