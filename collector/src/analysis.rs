@@ -335,9 +335,31 @@ pub fn stack_names_hinted(
                 leaf = false;
                 continue;
             };
-            if leaf && pprof::is_shim_frame(r, &c.modules) {
+            // The shim's frames at the leaf, in libheapdump.so or compiled into a Rust program
+            // as its `#[global_allocator]`.
+            let own = |f: &crate::symbolize::Frame| {
+                (sites::qualified_name(&f.function, &f.file))
+                    .trim_start_matches('<')
+                    .starts_with("heapdump_instrumentation::")
+            };
+            if leaf
+                && (pprof::is_shim_frame(r, &c.modules)
+                    || r.frames.last().is_some_and(own))
+            {
                 continue;
             }
+            // A Rust program's `#[global_allocator]` is inlined into its callers: the leaf
+            // frame's innermost inlined frames are the shim's (`alloc<std::alloc::System>`,
+            // `__rust_alloc`), the rest the program's.
+            let inner_shim = if leaf {
+                (r.frames.iter())
+                    .take_while(|f| own(f) || pprof::is_shim_function(&f.function))
+                    .count()
+                    .min(r.frames.len().saturating_sub(1))
+            } else {
+                0
+            };
+            let r_frames = &r.frames[inner_shim..];
             leaf = false;
             let kind = if python::record_of(*pc).is_some() {
                 FrameKind::Script
@@ -358,9 +380,11 @@ pub fn stack_names_hinted(
                 kinds.push(kind);
                 files.push("");
             }
-            names.extend(r.frames.iter().map(|f| f.function.clone()));
+            names.extend(
+                (r_frames.iter()).map(|f| sites::qualified_name(&f.function, &f.file).into_owned()),
+            );
             kinds.resize(names.len(), kind);
-            files.extend(r.frames.iter().map(|f| f.file.as_str()));
+            files.extend(r_frames.iter().map(|f| f.file.as_str()));
         }
         if let Some(mut h) = sites::script_hint(&kinds) {
             let i = h.innermost as usize;

@@ -31,7 +31,11 @@ use regex::Regex;
 /// _M_realloc_insert`, `std::__cxx11::basic_string<…>::_M_create`, `std::make_shared`, …,
 /// with the `void ` a demangled member template's name starts with), as Rust's `alloc::`:
 /// helper G found every container's block charged to `std::__new_allocator<char>::allocate`,
-/// one site for all its callers.
+/// one site for all its callers. Rust's `core::` (it never allocates by itself: its frames are
+/// iterators and closures calling into the program), `hashbrown::` (std's `HashMap`), trait
+/// implementations of `alloc`'s traits (`<u8 as alloc::vec::spec_from_elem::SpecFromElem>`),
+/// any `GlobalAlloc` implementation, and heapdump's own `#[global_allocator]`
+/// (`heapdump_instrumentation::`): helper T, 2.
 pub const DEFAULT_WRAPPERS: &str = concat!(
     r"(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc",
     r"|__libc_\w+|strdup|strndup|__strdup|__strndup|wcsdup|__GI___strn?dup",
@@ -42,9 +46,65 @@ pub const DEFAULT_WRAPPERS: &str = concat!(
     r"|xmalloc|xcalloc|xrealloc|xstrdup|xzalloc",
     r"|CRYPTO_(?:malloc|zalloc|realloc|clear_realloc|strdup|strndup|memdup|secure_malloc|secure_zalloc)",
     r"|__rust_alloc\w*|__rust_realloc|__rdl_\w+|__rg_\w+|alloc::.*|<alloc::.*|std::alloc::.*",
-    r"|<\w+ as core::alloc::global::GlobalAlloc>::\w+",
+    r"|<.+ as (?:core::alloc|alloc)::.*|core::.*|<core::.*|hashbrown::.*|<hashbrown::.*",
+    r"|heapdump_instrumentation::.*|<heapdump_instrumentation::.*|__rustc::.*|<std::.*",
     r"|(?:void )?(?:std|__gnu_cxx)::.*)"
 );
+
+/// The module path of a file of Rust's standard library as rustc's debug information names
+/// it (`/rustc/HASH/library/alloc/src/raw_vec/mod.rs` → `alloc::raw_vec`; the library's own
+/// dependencies, `/rust/deps/hashbrown-0.15.2/src/raw/mod.rs` → `hashbrown::raw`), and of
+/// heapdump's `#[global_allocator]` (`…/instrumentation/src/global_alloc.rs`); `None` for any
+/// other file.
+pub fn rust_library_module(file: &str) -> Option<String> {
+    // heapdump's own `#[global_allocator]` (instrumentation/src/global_alloc.rs, by path or
+    // from a registry), compiled into the program: its generic `alloc<std::alloc::System>`.
+    if let Some(dir) = file.strip_suffix("/src/global_alloc.rs") {
+        let krate = dir.rsplit('/').next().unwrap_or(dir);
+        if krate == "instrumentation" || krate.starts_with("heapdump-instrumentation") {
+            return Some("heapdump_instrumentation::global_alloc".to_owned());
+        }
+    }
+    let rest = if let Some(r) = file.strip_prefix("/rustc/") {
+        r.split_once('/')?.1.strip_prefix("library/")?
+    } else {
+        file.strip_prefix("/rust/deps/")?
+    };
+    let (krate, path) = rest.split_once('/')?;
+    // A dependency's directory is NAME-VERSION.
+    let krate = match krate.rsplit_once('-') {
+        Some((name, v)) if v.starts_with(|c: char| c.is_ascii_digit()) => name,
+        _ => krate,
+    };
+    let path = path.strip_prefix("src/").unwrap_or(path).strip_suffix(".rs")?;
+    let mut module = krate.replace('-', "_");
+    let mut segs: Vec<&str> = path.split('/').collect();
+    if matches!(segs.last(), Some(&"mod") | Some(&"lib")) {
+        segs.pop();
+    }
+    for s in segs {
+        module.push_str("::");
+        module.push_str(s);
+    }
+    Some(module)
+}
+
+/// A frame's function name for naming sites: a function of Rust's standard library that its
+/// debug information names without its path (`debug = "line-tables-only"`, inlined frames:
+/// `alloc<std::alloc::System>`, `grow_impl_runtime`, `{closure#0}`) gets its module's path
+/// from its file (`std::alloc::alloc<std::alloc::System>`), so that it is known for the
+/// library code it is (helper T, 2: Rust programs' sites were `alloc`, `grow_impl_runtime`);
+/// any other name as it is.
+pub fn qualified_name<'a>(function: &'a str, file: &str) -> std::borrow::Cow<'a, str> {
+    let head = function.split('<').next().unwrap_or(function);
+    if head.contains("::") || function.starts_with('<') {
+        return function.into();
+    }
+    match rust_library_module(file) {
+        Some(m) => format!("{m}::{function}").into(),
+        None => function.into(),
+    }
+}
 
 /// Where a stack trace's script frames are, for naming its site (see the module docs):
 /// indices into its frames, innermost first.
@@ -261,6 +321,60 @@ mod tests {
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn rust_library_frames_are_named_by_their_module() {
+        let std_alloc = "/rustc/0123456789abcdef/library/std/src/alloc.rs";
+        assert_eq!(
+            qualified_name("alloc<std::alloc::System>", std_alloc),
+            "std::alloc::alloc<std::alloc::System>"
+        );
+        assert_eq!(
+            qualified_name(
+                "grow_impl_runtime",
+                "/rustc/0123456789abcdef/library/alloc/src/raw_vec/mod.rs"
+            ),
+            "alloc::raw_vec::grow_impl_runtime"
+        );
+        assert_eq!(
+            rust_library_module("/rust/deps/hashbrown-0.15.2/src/raw/mod.rs").as_deref(),
+            Some("hashbrown::raw")
+        );
+        assert_eq!(qualified_name("thread_work", "/home/u/app/src/main.rs"), "thread_work");
+        assert_eq!(
+            qualified_name(
+                "alloc<std::alloc::System>",
+                "/home/u/.cargo/registry/src/x/heapdump-instrumentation-0.1.0/src/global_alloc.rs"
+            ),
+            "heapdump_instrumentation::global_alloc::alloc<std::alloc::System>"
+        );
+        assert_eq!(qualified_name("app::load", std_alloc), "app::load");
+        // What the Rust programs of helper T showed as sites, and their own code.
+        let s = Sites::default();
+        let stack = |v: &[(&str, &str)]| -> Vec<String> {
+            v.iter().map(|(f, file)| qualified_name(f, file).into_owned()).collect()
+        };
+        let lib = |p: &str| format!("/rustc/0123456789abcdef/library/{p}");
+        let (a, r, f) = (lib("std/src/alloc.rs"), lib("alloc/src/raw_vec/mod.rs"), lib("alloc/src/fmt.rs"));
+        for frames in [
+            vec![("alloc<std::alloc::System>", a.as_str()), ("work::thread_work", "src/main.rs")],
+            vec![
+                ("<heapdump_instrumentation::global_alloc::HeapdumpAlloc<A> as core::alloc::global::GlobalAlloc>::alloc", ""),
+                ("__rustc::__rust_alloc", ""),
+                ("grow_impl_runtime", r.as_str()),
+                ("work::thread_work", "src/main.rs"),
+            ],
+            vec![
+                ("<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem", ""),
+                ("hashbrown::raw::alloc::inner::do_alloc", ""),
+                ("{closure#0}", f.as_str()),
+                ("core::option::Option<T>::map_or_else", ""),
+                ("work::thread_work", "src/main.rs"),
+            ],
+        ] {
+            assert_eq!(s.site(&stack(&frames)), "work::thread_work", "{frames:?}");
+        }
     }
 
     #[test]

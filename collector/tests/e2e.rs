@@ -118,6 +118,29 @@ fn rust_global_allocator_exact() {
     let h = |n: &str| since.sum_with(&format!("rust_alloc_example::{n}"));
     assert_eq!(h("alloc_small")[2..], [0, 0]);
     assert_eq!(h("alloc_large")[2..], [10, 10 * MIB]);
+    // Allocation sites are the program's functions, not the standard library's or the
+    // shim's frames inlined into them (helper T, 2: with the workspace's line-tables-only
+    // debug information the sites were `alloc`, `grow_impl_runtime` and
+    // `alloc_zeroed<rust_alloc_example::Counting>`, heapdump's own allocator).
+    let (ok, top, se) = heapdump_cmd(&dir, &["top", "--retained", "--by-pid", &pid]);
+    assert!(ok, "{se}");
+    let rows: Vec<Vec<&str>> = (top.lines())
+        .take_while(|l| !l.trim().is_empty())
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    for (bytes, blocks, site) in [
+        (10 * MIB, 10, "alloc_large"),
+        (6400 * KIB, 100, "alloc_medium"),
+        (1000 * KIB, 1000, "alloc_small"),
+    ] {
+        let want = [
+            bytes.to_string(),
+            blocks.to_string(),
+            format!("rust_alloc_example::{site}"),
+        ];
+        assert!(rows.iter().any(|r| r[..] == want[..]), "{want:?} in\n{top}");
+    }
     assert_eq!(r.finish(), 0);
 }
 
