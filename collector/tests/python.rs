@@ -1280,3 +1280,54 @@ fn tracemalloc_start_and_stop_leave_the_program_intact() {
         }
     }
 }
+
+const LIBC_HANDLE: &str = r#"import ctypes, ctypes.util, os, sys
+anywhere = ctypes.CDLL(None)
+anywhere.malloc.restype = ctypes.c_void_p
+anywhere.malloc.argtypes = [ctypes.c_size_t]
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.realloc.restype = ctypes.c_void_p
+libc.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def c_churn(n):
+    for i in range(n):
+        p = anywhere.malloc(1000)
+        p = libc.realloc(p, 5000)
+        libc.free(p)
+def c_keep(n):
+    return [libc.malloc(4096) for i in range(n)]
+c_churn(200)
+kept = c_keep(30)
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+for p in kept:
+    libc.free(p)
+"#;
+
+/// Helper V, 1: `ctypes.CDLL(find_library("c")).free(p)`, the usual way to reach libc from
+/// Python, looks `free` up in libc's handle: it got glibc's own and freed the shim's blocks
+/// past it ("free(): invalid size", exit 134, or SIGSEGV on 3.8), and blocks malloc'd through
+/// that handle were never recorded. The shim's `dlsym` hands out its own malloc family for
+/// such lookups: 200 blocks malloc'd, grown with `realloc` and freed through libc's handle
+/// leave nothing, and the 30 blocks of 4,096 bytes `c_keep` malloc'd through it are recorded
+/// under it; the program exits 0.
+#[test]
+fn ctypes_through_libcs_handle_is_recorded_and_harmless() {
+    for (label, py) in pythons("ctypes_through_libcs_handle_is_recorded_and_harmless") {
+        let dir = region_dir("python-libc-handle");
+        let (r, _) = run_script(&py, &dir, "libc_handle", LIBC_HANDLE, false);
+        let st = stacks(&decode(&snapshot(&dir, r.pid(), &[])));
+        // Blocks of the sizes the script malloc'd (its Python objects are recorded too).
+        let through = |f: &str, size: i64| -> i64 {
+            (st.iter())
+                .filter(|s| s.position(f).is_some() && s.bytes == s.blocks * size)
+                .map(|s| s.blocks)
+                .sum()
+        };
+        assert_eq!(through("c_keep", 4096), 30, "{label}");
+        assert_eq!(through("c_churn", 1000) + through("c_churn", 5000), 0, "{label}");
+        assert_eq!(r.finish(), 0, "{label}");
+    }
+}

@@ -928,6 +928,142 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
     }
 }
 
+/// The loader's `dlsym` (glibc ≥ 2.34: libc's; before: libdl's), found by [`resolve_dlsym`].
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds the loader's `dlsym` by version (`dlvsym` is not hooked), stores it in
+/// [`REAL_DLSYM`] and returns it; 0 if not found.
+extern "C" fn resolve_dlsym() -> usize {
+    let mut f = REAL_DLSYM.load(Ordering::Acquire);
+    if f != 0 {
+        return f;
+    }
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: NUL-terminated name and version; RTLD_NEXT from this library finds the
+        // definition after ours.
+        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+        if f != 0 {
+            break;
+        }
+    }
+    REAL_DLSYM.store(f, Ordering::Release);
+    f
+}
+
+/// `dlsym(3)`: for a lookup in an explicit handle (not `RTLD_DEFAULT` or `RTLD_NEXT`) that
+/// finds glibc's own definition of a function of the malloc family, ours instead.
+///
+/// Why: `ctypes.CDLL("libc.so.6").free(p)` (or `find_library("c")`, as public Python packages
+/// do) looks `free` up in libc's handle and got glibc's: it freed the shim's blocks past it —
+/// "free(): invalid size", exit 134 — and blocks malloc'd so were never recorded (helper V, 1).
+/// A handle lookup of any other name, and every lookup the shim makes itself, is the loader's
+/// answer. `RTLD_DEFAULT` and `RTLD_NEXT` depend on the caller (the loader reads the return
+/// address): those calls jump to the loader's `dlsym` with the caller's return address in
+/// place, and already find ours first.
+///
+/// # Safety
+/// As `dlsym(3)`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+// SAFETY: the body follows the C ABI for `dlsym`: it reads `rdi`, `rsi` and the return address,
+// and leaves by a jump with the stack as it came in (to the loader's dlsym, or to
+// `dlsym_explicit` with the return address as a third argument), or, when the loader's is
+// not known yet, calls `resolve_dlsym` (C ABI, no arguments) with the arguments saved and
+// the stack aligned; the CFI describes the pushes.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // rustc gives a naked function no CFI of its own: the directives are written here.
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "test rdi, rdi",
+        "je 3f",
+        "cmp rdi, -1",
+        "je 3f",
+        "mov rdx, [rsp]",
+        "jmp {explicit}",
+        "3:",
+        "mov rax, [rip + {real}]",
+        "test rax, rax",
+        "je 4f",
+        "jmp rax",
+        "4:",
+        "push rdi",
+        ".cfi_adjust_cfa_offset 8",
+        "push rsi",
+        ".cfi_adjust_cfa_offset 8",
+        "sub rsp, 8",
+        ".cfi_adjust_cfa_offset 8",
+        "call {resolve}",
+        "add rsp, 8",
+        ".cfi_adjust_cfa_offset -8",
+        "pop rsi",
+        ".cfi_adjust_cfa_offset -8",
+        "pop rdi",
+        ".cfi_adjust_cfa_offset -8",
+        "test rax, rax",
+        "je 5f",
+        "jmp rax",
+        "5:",
+        "ret",
+        ".cfi_endproc",
+        explicit = sym dlsym_explicit,
+        real = sym REAL_DLSYM,
+        resolve = sym resolve_dlsym,
+    )
+}
+
+/// [`dlsym`] with an explicit handle, called from `caller` (a return address).
+extern "C" fn dlsym_explicit(
+    handle: *mut c_void,
+    name: *const c_char,
+    caller: usize,
+) -> *mut c_void {
+    let real = resolve_dlsym();
+    if real == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `real` is the loader's dlsym, of this signature; the caller's arguments.
+    let r = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void>(
+            real,
+        )(handle, name)
+    };
+    if r.is_null() || name.is_null() {
+        return r;
+    }
+    let in_object = |a: usize, of: usize| {
+        let (mut x, mut y): (libc::Dl_info, libc::Dl_info) = (unsafe_zeroed(), unsafe_zeroed());
+        // SAFETY: dladdr only looks addresses up in the loader's list.
+        unsafe {
+            libc::dladdr(a as *const c_void, &mut x) != 0
+                && libc::dladdr(of as *const c_void, &mut y) != 0
+                && x.dli_fbase == y.dli_fbase
+        }
+    };
+    // SAFETY: the caller's NUL-terminated name.
+    let wanted = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    let ours: usize = match wanted {
+        b"malloc" => malloc as *const () as usize,
+        b"free" => free as *const () as usize,
+        b"calloc" => calloc as *const () as usize,
+        b"realloc" => realloc as *const () as usize,
+        b"reallocarray" => reallocarray as *const () as usize,
+        b"posix_memalign" => posix_memalign as *const () as usize,
+        b"aligned_alloc" => aligned_alloc as *const () as usize,
+        b"memalign" => memalign as *const () as usize,
+        b"valloc" => valloc as *const () as usize,
+        b"pvalloc" => pvalloc as *const () as usize,
+        b"malloc_usable_size" => malloc_usable_size as *const () as usize,
+        _ => return r,
+    };
+    // The shim's own lookups of glibc's functions, and a definition that is not glibc's
+    // (another allocator's library), stay as found.
+    if in_object(caller, ours) || !in_object(r as usize, __libc_free as *const () as usize) {
+        return r;
+    }
+    ours as *mut c_void
+}
+
 /// `dlopen(3)`, then a refresh of the module table.
 ///
 /// # Safety
