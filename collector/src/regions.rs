@@ -1180,11 +1180,17 @@ pub fn maps_id_of(d: u64, ino: u64) -> (u32, u32, u64) {
 /// `.heapdump`), if any: where it records when that is not the region directory of this
 /// collector (helper I, 6: attached with another HEAPDUMP_DIR, the process was called not
 /// instrumented and `attach` answered that it already was).
+///
+/// Only a region named for `pid` (or its pid in its own namespace) counts: a collector maps
+/// the regions of the processes it reads (`heapdump watch`), which are not its own.
 fn mapped_region_path(pid: u32) -> Option<String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let inner = innermost_pid(pid).unwrap_or(pid);
     maps.lines().find_map(|l| {
         let path = &l[l.find('/')?..];
-        path.ends_with(".heapdump").then(|| path.to_owned())
+        let name = path.rsplit('/').next()?;
+        let n = vmo_layout::name::parse(name.as_bytes())?;
+        (n.pid == pid || n.pid == inner).then(|| path.to_owned())
     })
 }
 
@@ -1216,34 +1222,23 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                     );
                 }
                 if let Some(file) = mapped_region_path(*pid) {
+                    // Recording into another directory (attached or started with another
+                    // HEAPDUMP_DIR, or by another user into its own default, as root's attach
+                    // of a service run as nobody does): its region is read there, as with
+                    // `--region`, and trusted or refused by the same checks (helper U, 2:
+                    // every command by pid failed and sent the user to `--region`).
                     let elsewhere = Path::new(&file)
                         .parent()
                         .map(|d| d.display().to_string())
                         .unwrap_or_default();
-                    // Only a directory of one's own is used as HEAPDUMP_DIR (another user's
-                    // sends the collector to its `heapdump-UID` subdirectory); `snapshot
-                    // --region` reads the file anywhere (helpers J 4, K 6).
-                    use std::os::unix::fs::MetadataExt;
-                    // SAFETY: geteuid has no preconditions.
-                    let euid = unsafe { libc::geteuid() };
-                    let own = std::fs::metadata(&elsewhere).is_ok_and(|m| m.uid() == euid);
-                    let set_dir = if own {
-                        format!(
-                            "set HEAPDUMP_DIR={} (the directory it was started or attached \
-                             with), or ",
-                            shown(&elsewhere)
-                        )
-                    } else {
-                        String::new()
-                    };
-                    bail!(
-                        "process {pid} records into {}, not {}: its region is {}; {set_dir}take \
-                         a snapshot of that file with `heapdump snapshot --region {} -o FILE`",
+                    eprintln!(
+                        "heapdump: note: process {pid} records into {}, not {}: reading its \
+                         region {}",
                         shown(&elsewhere),
                         region_dir().display(),
-                        shown(&file),
                         shown(&file)
                     );
+                    return Ok((PathBuf::from(file), None));
                 }
                 if let Some(child) = run_wrapper_child(*pid) {
                     bail!(

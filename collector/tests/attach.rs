@@ -232,10 +232,10 @@ fn attach_walk_matches_mallinfo2() {
 
 /// Helper I, 6: a process recording into another directory than the collector's (attached,
 /// or started, with another HEAPDUMP_DIR) was called "not instrumented … attach it", and
-/// `attach` then answered that it already was. The message now names the directory and
-/// the region file it records into.
+/// `attach` then answered that it already was. Helper U, 2: naming the directory still left
+/// every command by pid failing. Its region is now read where it records, with a note.
 #[test]
-fn a_process_recording_elsewhere_is_named_with_its_directory() {
+fn a_process_recording_elsewhere_is_read_where_it_records() {
     let dir = region_dir("elsewhere");
     let other = region_dir("elsewhere-collector");
     std::fs::create_dir_all(&other).unwrap();
@@ -252,12 +252,69 @@ fn a_process_recording_elsewhere_is_named_with_its_directory() {
             out.to_str().unwrap(),
         ],
     );
-    assert!(!ok, "{so}");
+    assert!(ok, "{se}");
     assert!(
-        se.contains(&format!("records into {}", dir.display())) && se.contains("--region"),
+        se.contains(&format!("records into {}", dir.display())),
         "{se}"
     );
-    assert!(!se.contains("attach --by-pid"), "{se}");
+    let kept: i64 = r.ready[1].parse().unwrap();
+    let live: i64 = decode(&out).sample.iter().map(|s| s.value[2]).sum();
+    assert!(live >= kept, "{live} live blocks, {kept} kept: {se}");
+    assert_eq!(r.finish(), 0);
+}
+
+/// Helper U, 2: root attaching to a service run as another user with root's HEAPDUMP_DIR:
+/// the shim was loaded, could not make its region there, and the process could never be
+/// attached again. The attach is refused before anything is loaded, naming the user and the
+/// way out; without HEAPDUMP_DIR the process records into its user's own default, and
+/// root's snapshot by pid reads it there.
+#[test]
+fn root_attaching_to_another_users_process_is_refused_or_recorded() {
+    let test = "root_attaching_to_another_users_process_is_refused_or_recorded";
+    if !can_run(test) {
+        return;
+    }
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !setpriv.is_ok_and(|o| o.status.success()) {
+        skip_note(&format!(
+            "skipped: {test}: needs root and setpriv (to run a process as nobody)"
+        ));
+        return;
+    }
+    let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
+    let root_dir = region_dir("attach-nobody-root");
+    std::fs::create_dir_all(&root_dir).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe);
+    let r = start(cmd, &root_dir, false);
+    let pid = r.pid().to_string();
+    let (ok, so, se) = heapdump_cmd(&root_dir, &["attach", "--by-pid", &pid]);
+    assert!(!ok, "{so}");
+    assert!(
+        se.contains("runs as uid 65534")
+            && se.contains("unset HEAPDUMP_DIR")
+            && se.contains("nothing was changed"),
+        "{se}"
+    );
+    // Nothing was loaded: without HEAPDUMP_DIR the attach works, into nobody's default.
+    let out = Command::new(heapdump())
+        .args(["attach", "--by-pid", &pid])
+        .env_remove("HEAPDUMP_DIR")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let snap = root_dir.join("s.pb.gz");
+    let (ok, _, se) = heapdump_cmd(
+        &root_dir,
+        &["snapshot", "--by-pid", &pid, "-o", snap.to_str().unwrap()],
+    );
+    assert!(ok, "{se}");
+    assert!(se.contains("records into /dev/shm/heapdump-65534"), "{se}");
+    let kept: i64 = r.ready[1].parse().unwrap();
+    let found = sum_through(&decode(&snap), BEFORE)[2];
+    assert!(found >= kept, "{found} blocks found at the attach, {kept} kept: {se}");
     assert_eq!(r.finish(), 0);
 }
 

@@ -771,6 +771,8 @@ impl<'a> Region<'a> {
         };
         // A named snapshot's instant is in the past: the consistency protocol above still runs
         // (operations in flight now are waited for), then blocks are judged at that instant.
+        // The scan's own duration is counted from now (`scan_from`), not from that instant.
+        let scan_from = t;
         let t = match opts.at {
             Some(at) => at.min(t),
             None => t,
@@ -888,7 +890,9 @@ impl<'a> Region<'a> {
             }
         }
         if live {
-            let took = now_ns().saturating_sub(t);
+            // Helper V, 2: from the named moment, every `--named` of a moment 30 s old warned
+            // that blocks may be missing.
+            let took = now_ns().saturating_sub(scan_from);
             // A writer clears a lease whose holder it judges dead (`lease_holder_gone`): from
             // then on it rewrote records this scan had not read yet.
             if h.lease.load(Ordering::SeqCst) != held {

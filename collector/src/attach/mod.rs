@@ -525,6 +525,59 @@ fn resolve(a: &AttachCmd) -> Result<u32> {
     }
 }
 
+/// Refuses, before anything is loaded, an attach to a process of another user whose region
+/// directory (the collector's `HEAPDUMP_DIR`, passed to the shim) that user cannot record
+/// into: the shim's own rule (`ensure_dir` in instrumentation/src/region.rs) takes a directory
+/// of the target's user that nobody else may enter, or the private subdirectory `heapdump-UID`
+/// of the user's own or of a sticky directory of root's (`/tmp`). Without this, the shim was
+/// loaded, could not start, and the process could never be attached again (helper U, 2: root
+/// attaching to a service run as nobody with root's `HEAPDUMP_DIR`). Without `HEAPDUMP_DIR`
+/// the shim records into its user's own default (`/dev/shm/heapdump-UID`).
+fn refuse_unusable_region_dir(pid: u32) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = std::env::var_os("HEAPDUMP_DIR") else {
+        return Ok(());
+    };
+    let Some([uid, ..]) = crate::regions::proc_uids(pid) else {
+        return Ok(()); // gone: `call` says so
+    };
+    // SAFETY: geteuid has no preconditions.
+    if uid == unsafe { libc::geteuid() } {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(dir);
+    // (usable as is, may hold the user's private subdirectory)
+    let check = |d: &Path| -> Option<(bool, bool)> {
+        let md = std::fs::symlink_metadata(d).ok()?;
+        if !md.is_dir() {
+            return Some((false, false));
+        }
+        let ours = md.uid() == uid;
+        let safe_parent = ours || (md.uid() == 0 && md.mode() & libc::S_ISVTX != 0);
+        Some((ours && md.mode() & 0o077 == 0, safe_parent))
+    };
+    let usable = match check(&dir) {
+        None => true, // missing: the shim creates it if it can, and says so if not
+        Some((true, _)) => true,
+        Some((false, true)) => {
+            check(&dir.join(format!("heapdump-{uid}"))).is_none_or(|(ok, _)| ok)
+        }
+        Some((false, false)) => false,
+    };
+    if usable {
+        return Ok(());
+    }
+    let owner = std::fs::symlink_metadata(&dir).map(|m| m.uid()).unwrap_or(u32::MAX);
+    bail!(
+        "cannot attach to pid {pid}: it runs as {} and cannot record into HEAPDUMP_DIR={} \
+         (owned by {}); unset HEAPDUMP_DIR (it then records into /dev/shm/heapdump-{uid}), or \
+         name a directory of its user's or a sticky one such as /tmp; nothing was changed",
+        crate::regions::user(uid),
+        crate::regions::shown(&dir.display().to_string()),
+        crate::regions::user(owner)
+    )
+}
+
 /// The collector's `HEAPDUMP_*` settings, passed to the shim instead of the target's
 /// environment: NUL-terminated `NAME=VALUE` entries.
 fn settings_env() -> Vec<u8> {
@@ -552,6 +605,7 @@ pub fn attach(a: &AttachCmd) -> Result<()> {
         );
     }
     refuse_other_pid_namespace(pid)?;
+    refuse_unusable_region_dir(pid)?;
     let shim = crate::commands::run::shim_path(a.lib.clone())?;
     let (answer, took) = call(pid, a, &shim, ATTACH_ENTRY, libc::RTLD_NOW as u64, false)?;
     let note = String::from_utf8_lossy(answer.message()).into_owned();
