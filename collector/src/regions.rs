@@ -994,7 +994,7 @@ pub fn incomplete_lines(info: &RegionInfo) -> Vec<String> {
     let mut v = Vec::new();
     if k.dropped_blocks > 0 || k.dropped_stacks > 0 {
         v.push(format!(
-            "the recording is incomplete: {} allocations were not recorded and {} stack traces              were dropped (missing from this profile; `heapdump list` shows the counts)",
+            "the recording is incomplete: {} allocations were not recorded and {} stack traces were dropped (missing from this profile; `heapdump list` shows the counts)",
             k.dropped_blocks, k.dropped_stacks
         ));
     }

@@ -464,3 +464,26 @@ fn a_thread_arena_of_headed_blocks_is_no_root() {
         "leaks found in each run: {found:?}"
     );
 }
+
+/// Helper T, 3: an -O2 program blocked in a system call keeps its containers in callee-saved
+/// registers, which neither read of a default `leaks` sees: 3,032 of a C++ program's 3,139
+/// blocks were reported leaked. The re-check now stops the threads just long enough to read
+/// their registers when candidates are left: `examples/c/register_held.c` (built -O2; five
+/// blocks reachable only from r12 and r13) reports nothing leaked, and says how many blocks
+/// a register held.
+#[test]
+fn pointers_held_in_registers_are_not_leaks() {
+    let exe = compile_c("register_held", &["-O2"]);
+    let dir = region_dir("register-held");
+    let r = start(Command::new(&exe), &dir, true);
+    let (ok, text, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &r.pid().to_string()]);
+    assert!(ok, "{err}");
+    let summary = text.lines().last().unwrap_or_default();
+    assert!(
+        summary.starts_with("SUMMARY: heapdump: 0 byte(s) leaked in 0 allocation(s)")
+            && summary.contains("of 5 live blocks")
+            && summary.contains("held by a thread's register"),
+        "{text}"
+    );
+    assert_eq!(r.finish(), 0);
+}

@@ -218,8 +218,25 @@ pub fn run(a: Options) -> Result<()> {
                     },
                 ) + &match &rechecked {
                     Some(r) if r.candidates > 0 => format!(
-                        "; re-checked {} candidates in {:.2} s: {} referenced, {} freed since",
-                        r.candidates, r.seconds, r.referenced, r.freed
+                        "; re-checked {} candidates in {:.2} s: {} referenced, {} freed since{}",
+                        r.candidates,
+                        r.seconds,
+                        r.referenced,
+                        r.freed,
+                        if r.registers_read {
+                            format!(
+                                "; {} held by a thread's register (the threads stopped {:.1} ms \
+                                 to read them)",
+                                r.by_registers,
+                                r.stopped_seconds * 1e3
+                            )
+                        } else if r.referenced < r.candidates {
+                            "; the threads' registers could not be read (a pointer held only \
+                             in a register is not seen: --stop reads them)"
+                                .to_owned()
+                        } else {
+                            String::new()
+                        }
                     ),
                     _ => String::new(),
                 }

@@ -43,6 +43,14 @@ pub struct Recheck {
     pub referenced: u64,
     /// Of those, not live any more with the same birth time at the third snapshot.
     pub freed: u64,
+    /// Of those referenced, the candidates a thread's register pointed into (with what they
+    /// point to, counted in `referenced` too).
+    pub by_registers: u64,
+    /// The threads' registers were read (a stop of `stopped_seconds`); false when no
+    /// candidate was left to look for, or the process could not be stopped.
+    pub registers_read: bool,
+    /// How long the target was stopped to read its registers, seconds.
+    pub stopped_seconds: f64,
     /// Bytes read by the second read.
     pub bytes_read: u64,
     /// Wall time, seconds.
@@ -119,6 +127,29 @@ pub fn recheck(
     out.bytes_read = refs.bytes_read;
     // Rescued: pointed to from outside, and everything a rescued candidate points to.
     let mut rescued = refs.from_outside.clone();
+    // A pointer held only in a register (an -O2 program blocked in a system call keeps its
+    // containers in callee-saved registers: helper T, 3, 3,032 of 3,139 blocks reported
+    // leaked) is in no memory either read sees: when candidates are left, the threads are
+    // stopped just long enough to read their registers (as `--stop` does for the whole scan),
+    // and resumed. A process that cannot be stopped (traced already) is reported as read.
+    let mut by_register = vec![false; targets.len()];
+    if rescued.iter().any(|r| !r) {
+        if let Ok(stopped) = super::stop::stop(pid) {
+            let values: Vec<u64> = (stopped.threads.iter())
+                .flat_map(|t| t.registers.iter().copied())
+                .collect();
+            out.stopped_seconds = stopped.seconds();
+            drop(stopped);
+            out.registers_read = true;
+            for v in values {
+                let k = targets.partition_point(|t| t.address <= v);
+                if k > 0 && v < targets[k - 1].address + targets[k - 1].size.max(1) {
+                    by_register[k - 1] = true;
+                    rescued[k - 1] = true;
+                }
+            }
+        }
+    }
     let mut stack: Vec<u32> = (0..targets.len() as u32)
         .filter(|&k| rescued[k as usize])
         .collect();
@@ -136,6 +167,7 @@ pub fn recheck(
         }
     }
     out.referenced = rescued.iter().filter(|&&r| r).count() as u64;
+    out.by_registers = by_register.iter().filter(|&&r| r).count() as u64;
 
     // 2. Still live, born at the same instant.
     let mut still = vec![false; targets.len()];
