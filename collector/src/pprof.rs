@@ -74,20 +74,29 @@ pub fn is_shim_frame(r: &Resolved, modules: &[vmo_layout::Module]) -> bool {
 }
 
 /// A module's pprof mapping: (memory start, memory limit, file offset) of its executable
-/// segment (its first if none is marked executable), page-aligned as pprof wants.
+/// segments (its first segment if none is marked executable), page-aligned as pprof wants.
+/// A file with several executable segments (node's three) is one mapping from the first to
+/// the end of the last that lies as far from its file offset as the first (the same
+/// address-to-offset rule holds across them; helper W, 1: node's mapping covered 7.8 KB of
+/// its first segment, and 4,849 of 5,108 locations lay outside it).
 pub fn mapping_of(m: &vmo_layout::Module) -> (u64, u64, u64) {
-    let seg = m
-        .segments
-        .iter()
-        .find(|s| (s.offset_flags >> 56) & 1 == 1)
+    let exec = |s: &&vmo_layout::v1::SegmentV1| (s.offset_flags >> 56) & 1 == 1;
+    let offset = |s: &vmo_layout::v1::SegmentV1| s.offset_flags & ((1 << 56) - 1);
+    let seg = (m.segments.iter().find(exec))
         .or(m.segments.first())
         .copied()
         .unwrap_or_default();
+    let delta = seg.vaddr.wrapping_sub(offset(&seg));
+    let end = (m.segments.iter())
+        .filter(|s| exec(s) && s.vaddr.wrapping_sub(offset(s)) == delta && s.vaddr >= seg.vaddr)
+        .map(|s| s.vaddr.wrapping_add(s.memsz))
+        .max()
+        .unwrap_or(seg.vaddr.wrapping_add(seg.memsz));
     let start = m.base.wrapping_add(seg.vaddr);
     (
         start & !0xfff,
-        start.wrapping_add(seg.memsz),
-        (seg.offset_flags & ((1 << 56) - 1)) & !0xfff,
+        m.base.wrapping_add(end),
+        offset(&seg) & !0xfff,
     )
 }
 
@@ -1172,6 +1181,30 @@ pub fn write_as(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_mapping_spans_every_executable_segment() {
+        // /usr/bin/node (Debian 12): three executable segments 0x400000 from their offsets.
+        let seg = |vaddr: u64, memsz: u64, offset: u64, x: bool| vmo_layout::v1::SegmentV1 {
+            vaddr,
+            memsz,
+            offset_flags: offset | (u64::from(x) << 56),
+        };
+        let node = vmo_layout::Module {
+            path: "/usr/bin/node".into(),
+            base: 0,
+            build_id: Vec::new(),
+            segments: vec![
+                seg(0x400000, 0x76e5d8, 0, false),
+                seg(0xb6f000, 0x1e90, 0x76f000, true),
+                seg(0xb72000, 0x1a8bca0, 0x772000, true),
+                seg(0x2600000, 0x1f1, 0x2200000, true),
+                seg(0x2601000, 0x3038cae, 0x2201000, false),
+            ],
+            loaded: true,
+        };
+        assert_eq!(super::mapping_of(&node), (0xb6f000, 0x26001f1, 0x76f000));
+    }
+
     use super::*;
 
     /// The wire-format scan sees a real profile's string table and sample types, estimates
