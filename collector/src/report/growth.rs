@@ -124,9 +124,29 @@ fn growth_over(t: &[f64], v: &[f64]) -> Growth {
     };
     Growth {
         median_slope,
-        score: median_slope.max(0.0) * g.r2 * spread(v),
+        score: median_slope.max(0.0) * g.r2 * spread(v) * still_growing(v),
         ..g
     }
+}
+
+/// Whether `v` still grows in the second half of its intervals, in `[0, 1]`: twice the share
+/// of its rises found there, at most 1 — a steady leak has about half of them there (1), one
+/// that began late all (1), a cache filled in the first intervals and flat since none (0).
+/// 1 with fewer than 4 intervals. Helper V, 3: a cache that filled in 5 of 12 intervals and
+/// then stayed flat ranked above two leaks rising along a line through the whole window
+/// (its largest single rise was a small share of the fill, so [`spread`] kept it).
+fn still_growing(v: &[f64]) -> f64 {
+    let k = v.len().saturating_sub(1);
+    if k < 4 {
+        return 1.0;
+    }
+    let rises: Vec<f64> = v.windows(2).map(|w| (w[1] - w[0]).max(0.0)).collect();
+    let total: f64 = rises.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let late: f64 = rises[k / 2..].iter().sum();
+    (2.0 * late / total).clamp(0.0, 1.0)
 }
 
 /// How evenly the growth of `v` is spread over its intervals, in `[0, 1]`: 1 when no interval
@@ -187,6 +207,25 @@ pub fn line(t: &[f64], v: &[f64]) -> Growth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Helper V, 3's series: a cache filled over the first 5 of 12 intervals, flat since,
+    /// scores far below two steady leaks of a few hundred bytes a second.
+    #[test]
+    fn a_cache_filled_early_ranks_below_steady_leaks() {
+        let t: Vec<f64> = (0..13).map(|i| 5.0 * i as f64).collect();
+        let cache = [
+            203692.0, 341092.0, 478468.0, 627940.0, 769780.0, 798192.0, 798224.0, 798224.0,
+            798224.0, 798224.0, 798224.0, 798307.0, 798397.0,
+        ];
+        let leak = |rate: f64| -> Vec<f64> {
+            (0..13).map(|i| 50_000.0 + rate * 5.0 * i as f64 + (i % 3) as f64 * 7.0).collect()
+        };
+        let c = growth(&t, &cache);
+        for rate in [146.0, 799.0] {
+            let l = growth(&t, &leak(rate));
+            assert!(l.score > 10.0 * c.score.max(1.0), "leak {l:?} against cache {c:?}");
+        }
+    }
 
     fn secs(n: usize) -> Vec<f64> {
         (0..n).map(|i| i as f64).collect()
