@@ -272,8 +272,13 @@ fn take(
     if let (Some(n), Some(dir)) = (it.file, dir) {
         let name = file_name(it.address);
         let mut f = dir.create(&name)?;
-        f.write_all(&bytes[..n as usize])
-            .with_context(|| format!("cannot write {}", dir.path.join(&name).display()))?;
+        if let Err(e) = f.write_all(&bytes[..n as usize]) {
+            // No partial file is left to pass for the block's bytes (helper U, 6: a full file
+            // system left an empty one).
+            drop(f);
+            let _ = dir.remove(&name);
+            return Err(e).with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
+        }
         out.count_file(it);
     }
     out.read.push((it.address, it.t_alloc, it.size, it.file));
@@ -308,8 +313,11 @@ fn big(
                 out.strings.insert(it.address, s);
             }
         }
-        f.write_all(&piece[..len])
-            .with_context(|| format!("cannot write {}", dir.path.join(&name).display()))?;
+        if let Err(e) = f.write_all(&piece[..len]) {
+            drop(f);
+            let _ = dir.remove(&name);
+            return Err(e).with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
+        }
         done += len as u64;
     }
     out.count_file(it);

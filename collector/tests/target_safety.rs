@@ -1552,3 +1552,43 @@ fn allocations_after_a_threads_exit_handler_keep_their_stacks() {
     assert_eq!(sum_through(&p, "at_thread_exit_alloc")[2..], [4, 2220]);
     assert_eq!(r.finish(), 0);
 }
+
+/// Helper U, 6: `--contents-dir` on a file system that fills up failed with a clear error but
+/// left an empty file named after the block it could not write, as if the block held no
+/// bytes. The file is removed: every file left is whole.
+#[test]
+fn contents_on_a_full_file_system_leave_no_partial_file() {
+    let test = "contents_on_a_full_file_system_leave_no_partial_file";
+    let Some(fs) = Tmpfs::mount("contents-full", "2m") else {
+        skip_note(&format!("skipped: {test}: needs root (mount a tmpfs)"));
+        return;
+    };
+    let exe = compile_c("known_allocs", &[]);
+    let dir = region_dir("contents-full-region");
+    let r = start(Command::new(&exe), &dir, true);
+    let out = fs.path().join("blocks");
+    let prof = dir.with_extension("contents.pb.gz");
+    let (ok, so, se) = heapdump_cmd(
+        &dir,
+        &[
+            "snapshot",
+            "--by-pid",
+            &r.pid().to_string(),
+            "--contents-dir",
+            out.to_str().unwrap(),
+            "-o",
+            prof.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok, "{so}");
+    assert!(se.contains("cannot write"), "{se}");
+    for e in std::fs::read_dir(&out).unwrap().flatten() {
+        let len = e.metadata().unwrap().len();
+        assert!(
+            [1024, 64 << 10, 1 << 20].contains(&len) || (len > 0 && len < 1024),
+            "{}: {len} bytes",
+            e.path().display()
+        );
+    }
+    assert_eq!(r.finish(), 0);
+}
