@@ -327,6 +327,16 @@ fn outer_name(dwarf: &str, table: Option<&str>) -> String {
         {
             t
         }
+        // A Rust closure or async body (`{closure#0}`, `{async_fn#0}`: DWARF's name) whose
+        // symbol is its function's legacy-mangled `{{closure}}` (`tok::handle::{{closure}}`):
+        // the function's path with DWARF's name (helper T, 5: every async body was
+        // `{async_fn#0}`, one pprof row for all).
+        Some(t)
+            if (bare.starts_with("{closure#") || bare.starts_with("{async"))
+                && t.ends_with("::{{closure}}") =>
+        {
+            format!("{}::{dwarf}", &t[..t.len() - "::{{closure}}".len()])
+        }
         _ => dwarf.to_owned(),
     }
 }
@@ -791,6 +801,18 @@ mod tests {
         );
         assert_eq!(cxx_core("a::b<c>::f<int>(int) const"), "a::b<c>::f");
         assert_eq!(cxx_core("plain"), "plain");
+    }
+
+    /// Helper T, 5: a Rust async body or closure is named by its function's path.
+    #[test]
+    fn rust_closures_and_async_bodies_take_their_functions_path() {
+        let handle = "_ZN3tok6handle28_$u7b$$u7b$closure$u7d$$u7d$17h0123456789abcdefE";
+        assert_eq!(
+            outer_name("{async_fn#0}", Some(handle)),
+            "tok::handle::{async_fn#0}"
+        );
+        assert_eq!(outer_name("{closure#1}", Some(handle)), "tok::handle::{closure#1}");
+        assert_eq!(outer_name("{async_fn#0}", None), "{async_fn#0}");
     }
 
     #[test]
