@@ -27,7 +27,8 @@ pub fn write_with(
         anyhow::bail!(
             "{}: is a directory; -o takes a file name (e.g. {}) or - for standard output",
             path.display(),
-            path.join("heap.pb.gz").display()
+            // Not a profile's name for every command: `report` writes HTML (helper W, 4).
+            path.join("FILE").display()
         );
     }
     // A device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe) is written to, not

@@ -43,7 +43,12 @@ pub fn run(a: Options) -> Result<()> {
         );
     }
     if a.sample_index.is_some() {
-        bail!("--sample-index applies to a pprof profile; a capture's flame graph shows bytes");
+        // Helper W, 3: the message spoke of flame graphs when a profile was asked for.
+        bail!(
+            "--sample-index applies to a pprof profile given as input; from a capture, the \
+             profile holds live blocks only (inuse_space, then inuse_objects: choose with \
+             `go tool pprof -sample_index=inuse_objects`) and its flame graph shows bytes"
+        );
     }
     check_output_kind(&a.output)?;
     let stage = stages();
