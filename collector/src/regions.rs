@@ -1222,6 +1222,23 @@ pub fn pick(target: &Target) -> Result<(PathBuf, Option<RegionFile>)> {
                     );
                 }
                 if let Some(file) = mapped_region_path(*pid) {
+                    let name_pid = Path::new(&file)
+                        .file_name()
+                        .and_then(|n| vmo_layout::name::parse(n.as_encoded_bytes()))
+                        .map(|n| n.pid);
+                    if name_pid != Some(*pid) {
+                        // Helper U, 3: a process in another PID namespace records under its pid
+                        // there; its liveness cannot be judged from here (it was called exited).
+                        bail!(
+                            "process {pid} runs in another PID namespace (a container), where its \
+                             pid is {}; its region is {}: run heapdump inside its namespaces \
+                             (`nsenter --target {pid} --pid --mount -- heapdump snapshot \
+                             --by-pid {} -o FILE`)",
+                            name_pid.map_or("?".to_owned(), |p| p.to_string()),
+                            shown(&file),
+                            name_pid.map_or("?".to_owned(), |p| p.to_string()),
+                        );
+                    }
                     // Recording into another directory (attached or started with another
                     // HEAPDUMP_DIR, or by another user into its own default, as root's attach
                     // of a service run as nobody does): its region is read there, as with

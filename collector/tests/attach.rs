@@ -409,6 +409,18 @@ fn a_process_in_another_pid_namespace_is_refused_and_its_region_kept() {
                 after.iter().any(|n| n.to_string_lossy().starts_with("1-")),
                 "gc removed the live region: {so}{se}"
             );
+            // Helper U, 3: a snapshot by its pid here is refused with the way to take one
+            // (before: read as the region of an exited pid 1, or advice that changed nothing).
+            let out = dir.join("s.pb.gz");
+            let (ok, so, se) = heapdump_cmd(
+                &dir,
+                &["snapshot", "--by-pid", &host.to_string(), "-o", out.to_str().unwrap()],
+            );
+            assert!(!ok, "snapshot succeeded: {so}");
+            assert!(
+                se.contains("another PID namespace") && se.contains("nsenter"),
+                "{se}"
+            );
         } else {
             let (ok, so, se) = heapdump_cmd(&dir, &["attach", "--by-pid", &host.to_string()]);
             assert!(!ok, "attach succeeded: {so}");
