@@ -272,7 +272,12 @@ pub fn collect_at(
             counters.live_bytes
         ));
     }
-    let damaged = !damage.is_empty() || counters.live_bytes >= vmo_layout::check::USER_END;
+    // A read that may have missed blocks (the lease lost twice, or a scan that outlasted it:
+    // a collector stopped for 30 s) is not a complete profile either: the same status, so
+    // that a script notices (helper U, 4: exit 0 with only a warning).
+    let incomplete = (meta.warnings.iter()).any(|w| w.contains("blocks may be missing"));
+    let damaged =
+        !damage.is_empty() || counters.live_bytes >= vmo_layout::check::USER_END || incomplete;
     if damaged {
         DAMAGED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
