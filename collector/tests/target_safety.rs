@@ -1592,3 +1592,43 @@ fn contents_on_a_full_file_system_leave_no_partial_file() {
     }
     assert_eq!(r.finish(), 0);
 }
+
+/// Helper X, 1: an allocator that defines glibc's own names too (tcmalloc and mimalloc export
+/// `__libc_malloc`, …), preloaded after the shim: the shim's blocks are that allocator's,
+/// but `malloc_usable_size` was glibc's (0 bytes, or a crash in glibc's `musable`) and the
+/// block marks assumed glibc's chunk layout (node died at start-up). Both now follow the
+/// allocator `__libc_malloc` belongs to: `usable_size` (malloc_usable_size on its blocks,
+/// each written to its last usable byte) runs and is recorded exactly, and node runs.
+#[test]
+fn an_allocator_with_glibcs_own_names_is_followed() {
+    let test = "an_allocator_with_glibcs_own_names_is_followed";
+    let tcmalloc = Path::new("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
+    if !tcmalloc.exists() {
+        skip_note(&format!(
+            "skipped: {test}: no {} (Debian's libgoogle-perftools4)",
+            tcmalloc.display()
+        ));
+        return;
+    }
+    let preload = format!("{}:{}", shim().display(), tcmalloc.display());
+    let exe = compile_c("usable_size", &["-fno-optimize-sibling-calls"]);
+    let dir = region_dir("usable-tcmalloc");
+    let mut cmd = Command::new(&exe);
+    cmd.env("LD_PRELOAD", &preload);
+    let r = start(cmd, &dir, false);
+    let p = decode(&snapshot(&dir, r.pid(), &[]));
+    assert_eq!(sum_through(&p, "keep_blocks")[2..], [10, 1000]);
+    assert_eq!(r.finish(), 0);
+    if Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let out = Command::new("node")
+            .args(["-e", "let a = []; for (let i = 0; i < 1000; i++) a.push(Buffer.alloc(1000)); console.log(a.length)"])
+            .env("LD_PRELOAD", &preload)
+            .env("HEAPDUMP_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "node: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000");
+    } else {
+        skip_note(&format!("skipped: {test}: the node part (no node)"));
+    }
+}

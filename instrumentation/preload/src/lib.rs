@@ -852,11 +852,25 @@ fn next_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
 /// blocks the shim hands out are glibc's (`__libc_malloc`), and a program linked with another
 /// allocator that defines the same name (redis with jemalloc: `libjemalloc.so.2` comes before
 /// libc in its search order), or one preloaded after the shim, would be handed glibc's
-/// blocks (a crash in jemalloc's `malloc_usable_size`). Looked up in libc itself
-/// (`dlopen("libc.so.6", RTLD_NOLOAD)`); the next definition if that fails. 0: none.
+/// blocks (a crash in jemalloc's `malloc_usable_size`). Looked up in the object that defines
+/// the `__libc_malloc` the shim calls — libc, or an allocator that defines glibc's internal
+/// names too and comes first (tcmalloc and mimalloc do: the shim's blocks are then theirs,
+/// and glibc's own `malloc_usable_size` crashed on them: helper X, 1) — by
+/// `dlopen(FILE, RTLD_NOLOAD)`; the next definition if that fails. 0: none.
 fn glibc_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
     let mut f = cache.load(Ordering::Acquire);
     if f == 0 {
+        let mut info: libc::Dl_info = unsafe_zeroed();
+        // SAFETY: dladdr only looks the address up; `__libc_malloc` is the definition the
+        // shim's calls reach (taking its address goes through the GOT).
+        let found = unsafe {
+            libc::dladdr(__libc_malloc as *const () as *const c_void, &mut info) != 0
+        } && !info.dli_fname.is_null();
+        let file: *const c_char = if found {
+            info.dli_fname
+        } else {
+            c"libc.so.6".as_ptr()
+        };
         // The loader's own `dlopen`/`dlclose`, not the shim's (which refresh its module table).
         let (open, close) = (
             next_symbol(&REAL_DLOPEN, b"dlopen\0"),
@@ -869,9 +883,7 @@ fn glibc_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
                 let h = std::mem::transmute::<
                     usize,
                     unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void,
-                >(open)(
-                    c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY
-                );
+                >(open)(file, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
                 if !h.is_null() {
                     f = libc::dlsym(h, name.as_ptr() as *const c_char) as usize;
                     // Drops the reference RTLD_NOLOAD took; libc stays loaded.
@@ -946,6 +958,20 @@ extern "C" fn resolve_dlsym() -> usize {
             break;
         }
     }
+    if f != 0 {
+        // The next `dlsym` after ours may be another interposer's, preloaded after the shim
+        // (`LD_PRELOAD=libdlwrap.so heapdump run -- …`), which a versioned lookup skips
+        // (helper X, 3: its hook was never called): asked of the loader's own, from here.
+        // SAFETY: `f` is the loader's dlsym, of this signature; RTLD_NEXT from this library.
+        let next = unsafe {
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void>(
+                f,
+            )(libc::RTLD_NEXT, c"dlsym".as_ptr())
+        } as usize;
+        if next != 0 && next != dlsym_address() {
+            f = next;
+        }
+    }
     REAL_DLSYM.store(f, Ordering::Release);
     f
 }
@@ -1010,6 +1036,14 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
         real = sym REAL_DLSYM,
         resolve = sym resolve_dlsym,
     )
+}
+
+/// The address of this library's [`dlsym`] (0 where it has none).
+fn dlsym_address() -> usize {
+    #[cfg(all(target_arch = "x86_64", not(test)))]
+    return dlsym as *const () as usize;
+    #[cfg(not(all(target_arch = "x86_64", not(test))))]
+    0
 }
 
 /// [`dlsym`] with an explicit handle, called from `caller` (a return address).
@@ -1219,6 +1253,22 @@ pub(crate) fn own_symbol(name: &std::ffi::CStr) -> Option<usize> {
     let f = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
     real_dlclose(h);
     (f != 0).then_some(f)
+}
+
+/// Whether the `__libc_malloc` the shim calls is glibc's own (defined in `libc.so.*`).
+fn libc_malloc_is_glibcs() -> bool {
+    let mut info: libc::Dl_info = unsafe_zeroed();
+    // SAFETY: dladdr only looks the address up; taking `__libc_malloc`'s address goes through
+    // the GOT to the definition the shim's calls reach.
+    if unsafe { libc::dladdr(__libc_malloc as *const () as *const c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return true;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let file = path.rsplit(|b| *b == b'/').next().unwrap_or(path);
+    file.starts_with(b"libc.so") || file.starts_with(b"libc-")
 }
 
 /// When C++'s `operator new` is another allocator's, linked into the program (jemalloc by
@@ -1448,7 +1498,13 @@ extern "C" fn constructor() {
     }
     heapdump_instrumentation::state::own_work(bind_other_allocator_to_itself);
     heapdump_instrumentation::init();
-    heapdump_instrumentation::state::enable_block_headers();
+    // Block marks (trailers in glibc's usable area, headers before blocks) rely on glibc's
+    // chunk layout: an allocator that defines glibc's own names too and comes first
+    // (tcmalloc, mimalloc: `__libc_malloc` is theirs) gets the index instead (helper X, 1:
+    // node died at start-up with tcmalloc preloaded after the shim).
+    if libc_malloc_is_glibcs() {
+        heapdump_instrumentation::state::enable_block_headers();
+    }
     heapdump_instrumentation::state::register_fork_handlers();
     heapdump_instrumentation::refresh_modules();
     heapdump_instrumentation::python::detect();
