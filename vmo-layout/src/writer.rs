@@ -132,11 +132,11 @@ impl RegionWriter {
                 ahead += b.boost.load(Ordering::Relaxed);
             }
             if (have - end) * es < ahead {
-                // Ahead of `end`, this thread's own position, not of `have`: `have` may be
-                // a grower's progress read just before it finished, and growing ahead of it
-                // reserved that much again (32 threads on 2 cores: 16 MiB reserved beyond
-                // 1.3 MiB of records; trust.rs's churn with 32 threads).
-                b.grow(self, kind, end, end + ahead / es.max(1), false);
+                // Ahead of `have`, so that a grow serves many claims (ahead of `end`, each
+                // claim grew again: +10 instructions an operation on the storm). `have` may
+                // be a grower's progress read just before it finished: at most `2 × ahead`
+                // is then reserved beyond `end`.
+                b.grow(self, kind, end, have + ahead / es.max(1), false);
             }
             return true;
         }
