@@ -345,10 +345,7 @@ pub fn stack_names_hinted(
                     .trim_start_matches('<')
                     .starts_with("heapdump_instrumentation::")
             };
-            if leaf
-                && (pprof::is_shim_frame(r, &c.modules)
-                    || r.frames.last().is_some_and(own))
-            {
+            if leaf && (pprof::is_shim_frame(r, &c.modules) || r.frames.last().is_some_and(own)) {
                 continue;
             }
             // A Rust program's `#[global_allocator]` is inlined into its callers: the leaf

@@ -277,7 +277,8 @@ fn take(
             // system left an empty one).
             drop(f);
             let _ = dir.remove(&name);
-            return Err(e).with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
+            return Err(e)
+                .with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
         }
         out.count_file(it);
     }
@@ -316,7 +317,8 @@ fn big(
         if let Err(e) = f.write_all(&piece[..len]) {
             drop(f);
             let _ = dir.remove(&name);
-            return Err(e).with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
+            return Err(e)
+                .with_context(|| format!("cannot write {}", dir.path.join(&name).display()));
         }
         done += len as u64;
     }

@@ -177,15 +177,14 @@ pub fn build(c: &Collected, opts: Options) -> (pb::Profile, Option<BlockSamples<
         .into_iter()
         .collect();
     addrs.sort_unstable();
-    let resolved: HashMap<u64, Resolved> =
-        crate::python::resolve(
-            &c.modules,
-            &c.jit,
-            &c.python,
-            &addrs,
-            opts.symbolize,
-            c.read_as.as_ref(),
-        );
+    let resolved: HashMap<u64, Resolved> = crate::python::resolve(
+        &c.modules,
+        &c.jit,
+        &c.python,
+        &addrs,
+        opts.symbolize,
+        c.read_as.as_ref(),
+    );
 
     // Mappings: the main executable first, then modules in table order.
     let mut order: Vec<usize> = (0..c.modules.len()).collect();

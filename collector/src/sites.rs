@@ -76,7 +76,10 @@ pub fn rust_library_module(file: &str) -> Option<String> {
         Some((name, v)) if v.starts_with(|c: char| c.is_ascii_digit()) => name,
         _ => krate,
     };
-    let path = path.strip_prefix("src/").unwrap_or(path).strip_suffix(".rs")?;
+    let path = path
+        .strip_prefix("src/")
+        .unwrap_or(path)
+        .strip_suffix(".rs")?;
     let mut module = krate.replace('-', "_");
     let mut segs: Vec<&str> = path.split('/').collect();
     if matches!(segs.last(), Some(&"mod") | Some(&"lib")) {
@@ -341,7 +344,10 @@ mod tests {
             rust_library_module("/rust/deps/hashbrown-0.15.2/src/raw/mod.rs").as_deref(),
             Some("hashbrown::raw")
         );
-        assert_eq!(qualified_name("thread_work", "/home/u/app/src/main.rs"), "thread_work");
+        assert_eq!(
+            qualified_name("thread_work", "/home/u/app/src/main.rs"),
+            "thread_work"
+        );
         assert_eq!(
             qualified_name(
                 "alloc<std::alloc::System>",
@@ -353,10 +359,16 @@ mod tests {
         // What the Rust programs of helper T showed as sites, and their own code.
         let s = Sites::default();
         let stack = |v: &[(&str, &str)]| -> Vec<String> {
-            v.iter().map(|(f, file)| qualified_name(f, file).into_owned()).collect()
+            v.iter()
+                .map(|(f, file)| qualified_name(f, file).into_owned())
+                .collect()
         };
         let lib = |p: &str| format!("/rustc/0123456789abcdef/library/{p}");
-        let (a, r, f) = (lib("std/src/alloc.rs"), lib("alloc/src/raw_vec/mod.rs"), lib("alloc/src/fmt.rs"));
+        let (a, r, f) = (
+            lib("std/src/alloc.rs"),
+            lib("alloc/src/raw_vec/mod.rs"),
+            lib("alloc/src/fmt.rs"),
+        );
         for frames in [
             vec![("alloc<std::alloc::System>", a.as_str()), ("work::thread_work", "src/main.rs")],
             vec![

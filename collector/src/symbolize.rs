@@ -811,7 +811,10 @@ mod tests {
             outer_name("{async_fn#0}", Some(handle)),
             "tok::handle::{async_fn#0}"
         );
-        assert_eq!(outer_name("{closure#1}", Some(handle)), "tok::handle::{closure#1}");
+        assert_eq!(
+            outer_name("{closure#1}", Some(handle)),
+            "tok::handle::{closure#1}"
+        );
         assert_eq!(outer_name("{async_fn#0}", None), "{async_fn#0}");
     }
 

@@ -242,7 +242,7 @@ fn a_process_recording_elsewhere_is_read_where_it_records() {
     let exe = compile_c("attach_target", &["-fno-optimize-sibling-calls"]);
     let r = start(Command::new(exe), &dir, true);
     let out = other.join("s.pb.gz");
-    let (ok, so, se) = heapdump_cmd(
+    let (ok, _, se) = heapdump_cmd(
         &other,
         &[
             "snapshot",
@@ -314,7 +314,10 @@ fn root_attaching_to_another_users_process_is_refused_or_recorded() {
     assert!(se.contains("records into /dev/shm/heapdump-65534"), "{se}");
     let kept: i64 = r.ready[1].parse().unwrap();
     let found = sum_through(&decode(&snap), BEFORE)[2];
-    assert!(found >= kept, "{found} blocks found at the attach, {kept} kept: {se}");
+    assert!(
+        found >= kept,
+        "{found} blocks found at the attach, {kept} kept: {se}"
+    );
     assert_eq!(r.finish(), 0);
 }
 
@@ -414,7 +417,13 @@ fn a_process_in_another_pid_namespace_is_refused_and_its_region_kept() {
             let out = dir.join("s.pb.gz");
             let (ok, so, se) = heapdump_cmd(
                 &dir,
-                &["snapshot", "--by-pid", &host.to_string(), "-o", out.to_str().unwrap()],
+                &[
+                    "snapshot",
+                    "--by-pid",
+                    &host.to_string(),
+                    "-o",
+                    out.to_str().unwrap(),
+                ],
             );
             assert!(!ok, "snapshot succeeded: {so}");
             assert!(

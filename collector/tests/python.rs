@@ -1327,7 +1327,11 @@ fn ctypes_through_libcs_handle_is_recorded_and_harmless() {
                 .sum()
         };
         assert_eq!(through("c_keep", 4096), 30, "{label}");
-        assert_eq!(through("c_churn", 1000) + through("c_churn", 5000), 0, "{label}");
+        assert_eq!(
+            through("c_churn", 1000) + through("c_churn", 5000),
+            0,
+            "{label}"
+        );
         assert_eq!(r.finish(), 0, "{label}");
     }
 }

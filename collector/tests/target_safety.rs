@@ -700,7 +700,12 @@ fn a_program_linked_with_another_allocator_runs_as_without_the_shim() {
     }
     let exe = target_dir().join("test-bins/jemalloc_new");
     let st = Command::new("g++")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"])
+        .args([
+            "-O2",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+        ])
         .args(["-pthread", "-o"])
         .arg(&exe)
         .arg(root().join("examples/c/jemalloc_new.cc"))
@@ -1619,7 +1624,11 @@ fn an_allocator_with_glibcs_own_names_is_followed() {
     let p = decode(&snapshot(&dir, r.pid(), &[]));
     assert_eq!(sum_through(&p, "keep_blocks")[2..], [10, 1000]);
     assert_eq!(r.finish(), 0);
-    if Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         let out = Command::new("node")
             .args(["-e", "let a = []; for (let i = 0; i < 1000; i++) a.push(Buffer.alloc(1000)); console.log(a.length)"])
             .env("LD_PRELOAD", &preload)

@@ -134,8 +134,7 @@ fn churn(n: i64, k: i64, snapshots: usize) -> (i64, i64, u64) {
     // at most twice that beyond the records handed out since the first snapshot (the CI run
     // of e60562e: 18 MiB, with the boost, against a bound that left it out).
     assert!(
-        grown
-            < ((n * k + slack) * 40) as u64 + 2 * ((8 << 20) + (512 << 10)) + (1 << 20),
+        grown < ((n * k + slack) * 40) as u64 + 2 * ((8 << 20) + (512 << 10)) + (1 << 20),
         "region grew by {grown} bytes over {snapshots} snapshots of {} live blocks",
         n * k
     );

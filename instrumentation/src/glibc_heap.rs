@@ -758,9 +758,7 @@ mod tests {
         }
         /// How many chunks `tcache` left out (entries and the cache), 0 if not recognised.
         fn left_out(&self) -> usize {
-            let mut ranges = Ranges {
-                heaps: Vecm::new(),
-            };
+            let mut ranges = Ranges { heaps: Vecm::new() };
             ranges.heaps.push((self.base(), self.base() + 8 * 4096));
             let mut free = Vecm::new();
             tcache(self.cache(), false, &ranges, &mut free);
@@ -779,11 +777,19 @@ mod tests {
         exiting.bin(0, 2, 0);
         exiting.bin(1, 3, 1);
         exiting.bin(3, 1, 1);
-        assert_eq!(exiting.left_out(), 3, "a cache its exiting thread is emptying");
+        assert_eq!(
+            exiting.left_out(),
+            3,
+            "a cache its exiting thread is emptying"
+        );
         let mut emptied = Heap::new();
         emptied.bin(0, 2, 0);
         emptied.bin(5, 7, 0);
-        assert_eq!(emptied.left_out(), 1, "a cache its exiting thread has emptied");
+        assert_eq!(
+            emptied.left_out(),
+            1,
+            "a cache its exiting thread has emptied"
+        );
         // Not a cache: a bin short of its count after a full one, a chain longer than its
         // count, a count with no chain beyond glibc's default, nothing at all.
         let mut odd = Heap::new();

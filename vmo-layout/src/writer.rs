@@ -1628,7 +1628,7 @@ mod lease_tests {
         let past = region.snapshot(
             &crate::SnapshotOptions {
                 at: Some(200),
-                ..opts.clone()
+                ..opts
             },
             |_| {},
         );

@@ -559,15 +559,15 @@ fn refuse_unusable_region_dir(pid: u32) -> Result<()> {
     let usable = match check(&dir) {
         None => true, // missing: the shim creates it if it can, and says so if not
         Some((true, _)) => true,
-        Some((false, true)) => {
-            check(&dir.join(format!("heapdump-{uid}"))).is_none_or(|(ok, _)| ok)
-        }
+        Some((false, true)) => check(&dir.join(format!("heapdump-{uid}"))).is_none_or(|(ok, _)| ok),
         Some((false, false)) => false,
     };
     if usable {
         return Ok(());
     }
-    let owner = std::fs::symlink_metadata(&dir).map(|m| m.uid()).unwrap_or(u32::MAX);
+    let owner = std::fs::symlink_metadata(&dir)
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX);
     bail!(
         "cannot attach to pid {pid}: it runs as {} and cannot record into HEAPDUMP_DIR={} \
          (owned by {}); unset HEAPDUMP_DIR (it then records into /dev/shm/heapdump-{uid}), or \

@@ -218,12 +218,17 @@ mod tests {
             798224.0, 798224.0, 798224.0, 798307.0, 798397.0,
         ];
         let leak = |rate: f64| -> Vec<f64> {
-            (0..13).map(|i| 50_000.0 + rate * 5.0 * i as f64 + (i % 3) as f64 * 7.0).collect()
+            (0..13)
+                .map(|i| 50_000.0 + rate * 5.0 * i as f64 + (i % 3) as f64 * 7.0)
+                .collect()
         };
         let c = growth(&t, &cache);
         for rate in [146.0, 799.0] {
             let l = growth(&t, &leak(rate));
-            assert!(l.score > 10.0 * c.score.max(1.0), "leak {l:?} against cache {c:?}");
+            assert!(
+                l.score > 10.0 * c.score.max(1.0),
+                "leak {l:?} against cache {c:?}"
+            );
         }
     }
 

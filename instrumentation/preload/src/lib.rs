@@ -863,9 +863,9 @@ fn glibc_symbol(cache: &AtomicUsize, name: &[u8]) -> usize {
         let mut info: libc::Dl_info = unsafe_zeroed();
         // SAFETY: dladdr only looks the address up; `__libc_malloc` is the definition the
         // shim's calls reach (taking its address goes through the GOT).
-        let found = unsafe {
-            libc::dladdr(__libc_malloc as *const () as *const c_void, &mut info) != 0
-        } && !info.dli_fname.is_null();
+        let found =
+            unsafe { libc::dladdr(__libc_malloc as *const () as *const c_void, &mut info) != 0 }
+                && !info.dli_fname.is_null();
         let file: *const c_char = if found {
             info.dli_fname
         } else {
@@ -941,10 +941,12 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
 }
 
 /// The loader's `dlsym` (glibc ≥ 2.34: libc's; before: libdl's), found by [`resolve_dlsym`].
+#[cfg(all(target_arch = "x86_64", not(test)))]
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 /// Finds the loader's `dlsym` by version (`dlvsym` is not hooked), stores it in
 /// [`REAL_DLSYM`] and returns it; 0 if not found.
+#[cfg(all(target_arch = "x86_64", not(test)))]
 extern "C" fn resolve_dlsym() -> usize {
     let mut f = REAL_DLSYM.load(Ordering::Acquire);
     if f != 0 {
@@ -964,9 +966,10 @@ extern "C" fn resolve_dlsym() -> usize {
         // (helper X, 3: its hook was never called): asked of the loader's own, from here.
         // SAFETY: `f` is the loader's dlsym, of this signature; RTLD_NEXT from this library.
         let next = unsafe {
-            std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void>(
-                f,
-            )(libc::RTLD_NEXT, c"dlsym".as_ptr())
+            std::mem::transmute::<
+                usize,
+                unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void,
+            >(f)(libc::RTLD_NEXT, c"dlsym".as_ptr())
         } as usize;
         if next != 0 && next != dlsym_address() {
             f = next;
@@ -1038,15 +1041,14 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     )
 }
 
-/// The address of this library's [`dlsym`] (0 where it has none).
+/// The address of this library's [`dlsym`].
+#[cfg(all(target_arch = "x86_64", not(test)))]
 fn dlsym_address() -> usize {
-    #[cfg(all(target_arch = "x86_64", not(test)))]
-    return dlsym as *const () as usize;
-    #[cfg(not(all(target_arch = "x86_64", not(test))))]
-    0
+    dlsym as *const () as usize
 }
 
 /// [`dlsym`] with an explicit handle, called from `caller` (a return address).
+#[cfg(all(target_arch = "x86_64", not(test)))]
 extern "C" fn dlsym_explicit(
     handle: *mut c_void,
     name: *const c_char,
@@ -1297,9 +1299,14 @@ fn bind_other_allocator_to_itself() -> usize {
     // (or taking its address: a PLT entry) is not another allocator's library.
     if base == own.dli_fbase as usize
         || base == 0
-        || [&b"libstdc++.so"[..], b"libc++.so", b"libc++abi.so", b"libc.so"]
-            .iter()
-            .any(|e| file.starts_with(e))
+        || [
+            &b"libstdc++.so"[..],
+            b"libc++.so",
+            b"libc++abi.so",
+            b"libc.so",
+        ]
+        .iter()
+        .any(|e| file.starts_with(e))
     {
         return 0;
     }
@@ -1334,8 +1341,8 @@ fn bind_other_allocator_to_itself() -> usize {
         // object itself.
         let d = unsafe { libc::dlsym(h, z.as_ptr() as *const c_char) };
         let mut di: libc::Dl_info = unsafe_zeroed();
-        // SAFETY: dladdr only looks the address up.
         if d.is_null()
+            // SAFETY: dladdr only looks the address up.
             || unsafe { libc::dladdr(d, &mut di) } == 0
             || di.dli_fbase as usize != base
         {
