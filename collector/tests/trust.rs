@@ -1756,3 +1756,25 @@ fn the_run_wrapper_is_named_not_attached() {
     unsafe { libc::kill(child as i32, libc::SIGTERM) };
     let _ = w.wait();
 }
+
+/// Helper X, 2: with `LD_AUDIT` set the shim's thread-local word is not in the static TLS
+/// block, and every program died of a recursion in its first allocation (SIGSEGV, exit 139).
+/// `heapdump run` refuses to start the command then, in one line that says what to do.
+#[test]
+fn run_refuses_an_audit_library() {
+    let dir = region_dir("run-audit");
+    let out = Command::new(heapdump())
+        .args(["run", "--", "true"])
+        .env("HEAPDUMP_DIR", &dir)
+        .env("LD_AUDIT", "/nonexistent/audit.so")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("LD_AUDIT is set")
+            && err.contains("unset LD_AUDIT")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+}

@@ -61,6 +61,16 @@ pub(crate) fn shim_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 pub fn run(a: Options) -> Result<()> {
+    // An audit library moves the shim's thread-local word out of the static TLS block, where
+    // its first read allocates through the shim itself: the program would die of the
+    // recursion (helper X, 2; README, Limitations).
+    if std::env::var_os("LD_AUDIT").is_some_and(|v| !v.is_empty()) {
+        anyhow::bail!(
+            "LD_AUDIT is set: the shim cannot record beside an audit library (the program would \
+             crash); unset LD_AUDIT, or start the program without heapdump and use `heapdump \
+             attach`"
+        );
+    }
     let lib = shim_path(a.lib)?;
     let mut preload = lib.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
