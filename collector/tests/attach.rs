@@ -298,6 +298,19 @@ fn root_attaching_to_another_users_process_is_refused_or_recorded() {
             && se.contains("nothing was changed"),
         "{se}"
     );
+    // The same directory named relative to the collector's working directory (helper Y, 4:
+    // the shim resolved it against the target's, and the check passed).
+    let rel = Command::new(heapdump())
+        .args(["attach", "--by-pid", &pid])
+        .current_dir(root_dir.parent().unwrap())
+        .env("HEAPDUMP_DIR", root_dir.file_name().unwrap())
+        .output()
+        .unwrap();
+    let rel_err = String::from_utf8_lossy(&rel.stderr);
+    assert!(
+        !rel.status.success() && rel_err.contains("runs as uid 65534"),
+        "{rel:?}"
+    );
     // Nothing was loaded: without HEAPDUMP_DIR the attach works, into nobody's default.
     let out = Command::new(heapdump())
         .args(["attach", "--by-pid", &pid])

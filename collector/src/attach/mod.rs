@@ -535,7 +535,7 @@ fn resolve(a: &AttachCmd) -> Result<u32> {
 /// the shim records into its user's own default (`/dev/shm/heapdump-UID`).
 fn refuse_unusable_region_dir(pid: u32) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let Some(dir) = std::env::var_os("HEAPDUMP_DIR") else {
+    let Some(dir) = region_dir_setting() else {
         return Ok(());
     };
     let Some([uid, ..]) = crate::regions::proc_uids(pid) else {
@@ -578,6 +578,20 @@ fn refuse_unusable_region_dir(pid: u32) -> Result<()> {
     )
 }
 
+/// The collector's `HEAPDUMP_DIR`, made absolute against the collector's working directory:
+/// the shim would resolve a relative one against the target's (helper Y, 4: the refusal
+/// below checked one directory and the shim used another). `None` when unset or empty.
+fn region_dir_setting() -> Option<std::ffi::OsString> {
+    let d = std::env::var_os("HEAPDUMP_DIR").filter(|d| !d.is_empty())?;
+    let p = PathBuf::from(&d);
+    if p.is_relative() {
+        if let Ok(here) = std::env::current_dir() {
+            return Some(here.join(p).into_os_string());
+        }
+    }
+    Some(d)
+}
+
 /// The collector's `HEAPDUMP_*` settings, passed to the shim instead of the target's
 /// environment: NUL-terminated `NAME=VALUE` entries.
 fn settings_env() -> Vec<u8> {
@@ -585,6 +599,12 @@ fn settings_env() -> Vec<u8> {
     for (k, val) in std::env::vars_os() {
         let k = k.to_string_lossy();
         if k.starts_with("HEAPDUMP_") && k != "HEAPDUMP_LIB" && !k.starts_with("HEAPDUMP_TEST_") {
+            let val = if k == "HEAPDUMP_DIR" {
+                region_dir_setting()
+            } else {
+                Some(val)
+            };
+            let Some(val) = val else { continue };
             v.extend_from_slice(k.as_bytes());
             v.push(b'=');
             v.extend_from_slice(val.to_string_lossy().as_bytes());
