@@ -231,9 +231,6 @@ pub fn capture(t: &Live, stage: &dyn Fn(&str)) -> Result<Captured> {
         })
         .collect();
     let private = c.private_ranges();
-    graph::scan::set_heap_shared(
-        (info.warnings.iter()).any(|w| w.contains("is another allocator's")),
-    );
     let (g, stats) = graph::scan::build(
         info.pid,
         blocks,

@@ -84,6 +84,32 @@ impl Settings {
 /// Reads `/proc/self/environ` and returns the settings. Invalid values are ignored (the
 /// default stays) with a warning in [`Settings::warnings`]; values out of range are clamped,
 /// with a warning.
+/// The address the main program is mapped at (its lowest `PT_LOAD`), as `dladdr` gives an
+/// object's base; 0 if not found.
+fn main_program_base() -> usize {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `usize`.
+        let (info, out) = unsafe { (&*info, &mut *(data as *mut usize)) };
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let low = (phdrs.iter())
+            .filter(|p| p.p_type == libc::PT_LOAD)
+            .map(|p| p.p_vaddr as usize & !4095)
+            .min()
+            .unwrap_or(0);
+        *out = info.dlpi_addr as usize + low;
+        1 // the main program is the first object: stop
+    }
+    let mut base = 0usize;
+    // SAFETY: the callback has the right signature and receives our `usize`.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut base as *mut usize as *mut libc::c_void) };
+    base
+}
+
 /// Warns (in the region's warnings) when, in a process the shim is preloaded into
 /// (`LD_PRELOAD` names libheapdump), the program's `malloc` or C++ `operator new` is neither
 /// the shim's nor the system's: another allocator (jemalloc, tcmalloc, mimalloc) preloaded
@@ -129,6 +155,11 @@ fn note_other_allocators(s: &mut Settings) {
             return false;
         }
         if info.dli_fbase as usize == own_base {
+            return false;
+        }
+        // The program's own `operator new` (forwarding to malloc, as many do) is not another
+        // allocator's: its objects are recorded (helper Y, 1: the warning said they were not).
+        if name == c"_Znwm" && info.dli_fbase as usize == main_program_base() {
             return false;
         }
         // SAFETY: dli_fname is a NUL-terminated string owned by the loader.

@@ -253,6 +253,20 @@ pub fn run(a: Options) -> Result<()> {
             g.blocks.len(),
         );
     }
+    // Another allocator's memory is scanned only where it has its own mappings: one that grows
+    // with sbrk (tcmalloc) shares `[heap]` with glibc's free chunks, never roots (their stale
+    // pointers would hide real leaks: helper Y, 1), so a block held only from there is
+    // reported leaked (helper T, 4). Said, so that such a report is read for what it is.
+    let other = (an.c.iter())
+        .flat_map(|c| c.info.warnings.iter())
+        .find(|w| w.contains("is another allocator's"));
+    if let Some(w) = other {
+        eprintln!(
+            "heapdump: note: {}; a block held only from that allocator's memory in the brk \
+             heap (tcmalloc's) is reported leaked",
+            crate::regions::shown(w.split(':').next().unwrap_or(w))
+        );
+    }
     if let Some(out) = &a.output {
         let what = an.describe();
         let leaked_bytes = direct + indirect;

@@ -892,24 +892,6 @@ fn subtract(lo: u64, hi: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Whether another allocator than glibc's may own part of `[heap]` (see [`set_heap_shared`]).
-static HEAP_SHARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Says, before a process is read, whether another allocator than glibc's works in it (its
-/// region says so: `malloc` or C++'s `operator new` is another allocator's). Such an
-/// allocator may grow with `sbrk` too (tcmalloc does): `[heap]` is then not only malloc's,
-/// and is scanned as roots like any other memory, minus the live blocks — glibc's free chunks
-/// there can hide a leak, but a block held only from that allocator's memory is not reported
-/// leaked (helper T, 4: 10 blocks a vector from tcmalloc's `operator new` held were a
-/// "Direct leak").
-pub fn set_heap_shared(shared: bool) {
-    HEAP_SHARED.store(shared, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn heap_shared() -> bool {
-    HEAP_SHARED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Largest heap of a glibc thread arena (`HEAP_MAX_SIZE` on 64-bit: twice the largest mmap
 /// threshold, 2 × 32 MiB); heaps are aligned to it, so a chunk's heap starts at its address
 /// rounded down (glibc's `heap_for_ptr`).
@@ -942,10 +924,9 @@ const HEADER_BATCH: usize = 512;
 fn allocator_ranges(maps: &[Mapping], blocks: &[Block], mem: &Memory) -> Vec<(u64, u64)> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    let shared = heap_shared();
     let mut out: Vec<(u64, u64)> = maps
         .iter()
-        .filter(|m| m.path == "[heap]" && !shared)
+        .filter(|m| m.path == "[heap]")
         .map(|m| (m.start, m.end))
         .collect();
     out.sort_unstable();
@@ -1242,7 +1223,7 @@ fn find_roots(
         if !m.write || !m.read || m.path.ends_with(".heapdump") || m.path == region {
             continue;
         }
-        if (m.path == "[heap]" && !heap_shared()) || m.path.starts_with("[v") {
+        if m.path == "[heap]" || m.path.starts_with("[v") {
             continue;
         }
         // Which module's globals these are: a file mapping of the module, or memory inside its
