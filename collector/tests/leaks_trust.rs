@@ -561,3 +561,25 @@ fn a_programs_own_operator_new_is_not_another_allocator() {
     );
     assert_eq!(r.finish(), 0);
 }
+
+/// Helper Y, 2: the re-check's stop to read registers made system calls that a ptrace stop
+/// interrupts fail with EINTR (epoll_wait, sigtimedwait, semtimedop, socket calls with
+/// timeouts): an event loop that treats EINTR as fatal died of one `heapdump leaks`. Only
+/// threads blocked in calls the kernel restarts are stopped now: `epoll_fatal` runs on
+/// through three reports, which say its thread's registers were not read.
+#[test]
+fn leaks_never_interrupts_an_event_loop() {
+    let exe = compile_c("epoll_fatal", &[]);
+    let dir = region_dir("epoll-fatal");
+    let r = start(Command::new(&exe), &dir, true);
+    for _ in 0..3 {
+        let (ok, text, err) = heapdump_cmd(&dir, &["leaks", "--by-pid", &r.pid().to_string()]);
+        assert!(ok, "{err}");
+        assert!(text.contains("lose_some"), "{text}");
+        assert!(
+            text.contains("registers of 1 threads were not read"),
+            "{text}"
+        );
+    }
+    assert_eq!(r.finish(), 0, "the event loop saw EINTR");
+}

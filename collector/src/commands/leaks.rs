@@ -223,19 +223,27 @@ pub fn run(a: Options) -> Result<()> {
                         r.seconds,
                         r.referenced,
                         r.freed,
-                        if r.registers_read {
-                            format!(
+                        match (r.registers_read, r.threads_not_read) {
+                            (true, 0) => format!(
                                 "; {} held by a thread's register (the threads stopped {:.1} ms \
                                  to read them)",
                                 r.by_registers,
                                 r.stopped_seconds * 1e3
-                            )
-                        } else if r.referenced < r.candidates {
-                            "; the threads' registers could not be read (a pointer held only \
-                             in a register is not seen: --stop reads them)"
-                                .to_owned()
-                        } else {
-                            String::new()
+                            ),
+                            (true, n) => format!(
+                                "; {} held by a thread's register (threads blocked in quiet \
+                                 system calls stopped {:.1} ms to read them; {n} others not \
+                                 stopped: a pointer only in their registers is not seen, \
+                                 --stop reads them)",
+                                r.by_registers,
+                                r.stopped_seconds * 1e3
+                            ),
+                            (false, n) if n > 0 => format!(
+                                "; the registers of {n} threads were not read (running, in a \
+                                 system call a stop would interrupt, or traced already): a \
+                                 pointer only in a register is not seen, --stop reads them"
+                            ),
+                            _ => String::new(),
                         }
                     ),
                     _ => String::new(),

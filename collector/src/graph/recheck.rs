@@ -51,6 +51,9 @@ pub struct Recheck {
     pub registers_read: bool,
     /// How long the target was stopped to read its registers, seconds.
     pub stopped_seconds: f64,
+    /// Threads whose registers were not read (running, or in a system call a stop would
+    /// interrupt), when candidates were left.
+    pub threads_not_read: u64,
     /// Bytes read by the second read.
     pub bytes_read: u64,
     /// Wall time, seconds.
@@ -129,12 +132,20 @@ pub fn recheck(
     let mut rescued = refs.from_outside.clone();
     // A pointer held only in a register (an -O2 program blocked in a system call keeps its
     // containers in callee-saved registers: helper T, 3, 3,032 of 3,139 blocks reported
-    // leaked) is in no memory either read sees: when candidates are left, the threads are
-    // stopped just long enough to read their registers (as `--stop` does for the whole scan),
-    // and resumed. A process that cannot be stopped (traced already) is reported as read.
+    // leaked) is in no memory either read sees: when candidates are left, the threads blocked
+    // in system calls that a stop does not disturb ([`super::stop::quietly_stoppable`]) are
+    // stopped just long enough to read their registers, and resumed; the others are not
+    // stopped (the summary says so). A process that cannot be stopped (traced already) is
+    // reported as read.
     let mut by_register = vec![false; targets.len()];
-    if rescued.iter().any(|r| !r) {
-        if let Ok(stopped) = super::stop::stop(pid) {
+    let left = rescued.iter().any(|r| !r);
+    let quiet = if left {
+        super::stop::quietly_stoppable(pid)
+    } else {
+        Vec::new()
+    };
+    if !quiet.is_empty() {
+        if let Ok(stopped) = super::stop::stop_some(pid, Some(&quiet)) {
             let values: Vec<u64> = (stopped.threads.iter())
                 .flat_map(|t| t.registers.iter().copied())
                 .collect();
@@ -168,6 +179,10 @@ pub fn recheck(
     }
     out.referenced = rescued.iter().filter(|&&r| r).count() as u64;
     out.by_registers = by_register.iter().filter(|&&r| r).count() as u64;
+    if left {
+        let read = if out.registers_read { quiet.len() } else { 0 };
+        out.threads_not_read = (super::stop::tids(pid).len() as u64).saturating_sub(read as u64);
+    }
 
     // 2. Still live, born at the same instant.
     let mut still = vec![false; targets.len()];

@@ -38,7 +38,8 @@ impl Stopped {
     }
 }
 
-fn tids(pid: u32) -> Vec<u32> {
+/// The thread ids of `pid`, sorted.
+pub fn tids(pid: u32) -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
             d.flatten()
@@ -55,6 +56,59 @@ fn tids(pid: u32) -> Vec<u32> {
 /// Errors: the process cannot be traced (another tracer, ptrace not permitted: the message
 /// says what to do), or it is gone. Threads attached before an error are resumed.
 pub fn stop(pid: u32) -> Result<Stopped> {
+    stop_some(pid, None)
+}
+
+/// Threads of `pid` that can be stopped for a moment without the program noticing: blocked
+/// (state `S`) in a system call the kernel restarts transparently after a ptrace stop —
+/// `read`/`write` family on a pipe, a terminal or a file, `poll`/`select` family, `wait4`,
+/// `waitid`, `nanosleep`, `clock_nanosleep`, `futex`, `pause`. Not those that fail with `EINTR`
+/// after a stop (signal(7): `epoll_wait`, `sigtimedwait`, `semop`, socket calls with
+/// timeouts, `read` of an inotify descriptor): helper Y, 2, an event loop that treats `EINTR`
+/// as fatal died of one `heapdump leaks`. Running threads are left alone too (one may enter
+/// such a call before the stop reaches it).
+pub fn quietly_stoppable(pid: u32) -> Vec<u32> {
+    const RW: [u64; 8] = [0, 1, 17, 18, 19, 20, 295, 296]; // read write pread64 pwrite64 readv writev preadv pwritev
+    const OTHERS: [u64; 11] = [7, 23, 34, 35, 61, 202, 230, 247, 270, 271, 73]; // poll select pause nanosleep wait4 futex clock_nanosleep waitid pselect6 ppoll flock
+    tids(pid)
+        .into_iter()
+        .filter(|&tid| {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('S')));
+            if state != Some(true) {
+                return false;
+            }
+            let Ok(sc) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")) else {
+                return false;
+            };
+            let mut f = sc.split_whitespace();
+            let Some(nr) = f.next().and_then(|n| n.parse::<u64>().ok()) else {
+                return false; // "running", or "-1": not in a system call
+            };
+            if OTHERS.contains(&nr) {
+                return true;
+            }
+            if !RW.contains(&nr) {
+                return false;
+            }
+            let fd = f
+                .next()
+                .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+            let Some(fd) = fd else { return false };
+            let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) else {
+                return false;
+            };
+            let t = target.to_string_lossy();
+            // Sockets (a receive timeout makes them fail with EINTR) and anonymous inodes
+            // (inotify, eventfd, timerfd, …) are left alone.
+            !(t.starts_with("socket:") || t.starts_with("anon_inode:"))
+        })
+        .collect()
+}
+
+/// [`stop`] of the threads `only` lists (every thread when `None`).
+pub fn stop_some(pid: u32, only: Option<&[u32]>) -> Result<Stopped> {
     if pid == std::process::id() {
         anyhow::bail!("cannot stop pid {pid}: it is this heapdump process itself");
     }
@@ -71,7 +125,7 @@ pub fn stop(pid: u32) -> Result<Stopped> {
         }
         let new: Vec<u32> = tids(pid)
             .into_iter()
-            .filter(|t| !s.attached.contains(t))
+            .filter(|t| !s.attached.contains(t) && only.is_none_or(|o| o.contains(t)))
             .collect();
         if new.is_empty() {
             break;
