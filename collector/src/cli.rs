@@ -33,7 +33,9 @@ pub enum Command {
     /// Run a command with the heapdump shim preloaded; exits with the command's status.
     Run(RunArgs),
     /// Find the live blocks of a running process that no pointer chain from a root reaches
-    /// (leaks), by scanning the blocks' contents, as LeakSanitizer does, without stopping it.
+    /// (leaks), by scanning the blocks' contents, as LeakSanitizer does, without stopping it
+    /// (but for a moment, to read the registers of threads blocked in calls a stop does not
+    /// disturb, when candidates are left; --stop freezes it for the whole scan).
     Leaks(LeaksArgs),
     /// Show who keeps blocks alive: the shortest chains of references from a root to the
     /// blocks allocated under a function, aggregated and ranked by bytes.
