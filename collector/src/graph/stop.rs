@@ -38,6 +38,14 @@ impl Stopped {
     }
 }
 
+/// Whether thread `tid` of `pid` is a zombie (`Z` in its `stat`).
+fn zombie(pid: u32, tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
 /// The thread ids of `pid`, sorted.
 pub fn tids(pid: u32) -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -126,6 +134,9 @@ pub fn stop_some(pid: u32, only: Option<&[u32]>) -> Result<Stopped> {
         let new: Vec<u32> = tids(pid)
             .into_iter()
             .filter(|t| !s.attached.contains(t) && only.is_none_or(|o| o.contains(t)))
+            // A main thread that called pthread_exit stays a zombie while the others run:
+            // it cannot be traced, and has no registers to read.
+            .filter(|t| !zombie(pid, *t))
             .collect();
         if new.is_empty() {
             break;
