@@ -504,15 +504,11 @@ fn another_allocators_brk_memory_is_named_in_the_report() {
         ));
         return;
     }
-    let exe = target_dir().join("test-bins/tcmalloc_held");
-    let st = Command::new("g++")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg(root().join("examples/c/tcmalloc_held.cc"))
-        .arg(tcmalloc)
-        .status()
-        .expect("g++");
-    assert!(st.success());
+    let exe = compile_cxx(
+        "tcmalloc_held.cc",
+        "tcmalloc_held",
+        &[tcmalloc.to_str().unwrap()],
+    );
     let dir = region_dir("tcmalloc-held");
     let r = start(Command::new(&exe), &dir, true);
     let p = decode(&snapshot(&dir, r.pid(), &[]));
@@ -533,20 +529,7 @@ fn another_allocators_brk_memory_is_named_in_the_report() {
 /// and `leaks` finds exactly the 5 objects of 40 bytes `lose_some` dropped.
 #[test]
 fn a_programs_own_operator_new_is_not_another_allocator() {
-    let exe = target_dir().join("test-bins/own_new");
-    let st = Command::new("g++")
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(root().join("examples/c/own_new.cc"))
-        .status()
-        .expect("g++");
-    assert!(st.success());
+    let exe = compile_cxx("own_new.cc", "own_new", &[]);
     let dir = region_dir("own-new");
     let r = start(Command::new(&exe), &dir, true);
     let (ok, list, err) = heapdump_cmd(&dir, &["list", "--json"]);

@@ -698,21 +698,11 @@ fn a_program_linked_with_another_allocator_runs_as_without_the_shim() {
         ));
         return;
     }
-    let exe = target_dir().join("test-bins/jemalloc_new");
-    let st = Command::new("g++")
-        .args([
-            "-O2",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-        ])
-        .args(["-pthread", "-o"])
-        .arg(&exe)
-        .arg(root().join("examples/c/jemalloc_new.cc"))
-        .arg(jemalloc)
-        .status()
-        .expect("g++");
-    assert!(st.success());
+    let exe = compile_cxx(
+        "jemalloc_new.cc",
+        "jemalloc_new",
+        &["-O2", jemalloc.to_str().unwrap()],
+    );
     let dir = region_dir("jemalloc-linked");
     let r = start(Command::new(&exe), &dir, true);
     let p = decode(&snapshot(&dir, r.pid(), &[]));

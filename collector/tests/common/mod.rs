@@ -524,6 +524,29 @@ pub fn region_file(dir: &Path) -> PathBuf {
     files[0].clone()
 }
 
+/// Builds the C++ program `examples/c/SRC` as `target/.../test-bins/NAME` with g++ (-O1,
+/// debug information, frame pointers, no sibling calls, threads), then `extra` (given last:
+/// a later -O2 overrides, a library's path is linked).
+pub fn compile_cxx(src: &str, name: &str, extra: &[&str]) -> PathBuf {
+    let exe = target_dir().join("test-bins").join(name);
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let st = Command::new("g++")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+        ])
+        .args(["-pthread", "-o"])
+        .arg(&exe)
+        .arg(root().join("examples/c").join(src))
+        .args(extra)
+        .status()
+        .expect("g++ must be installed");
+    assert!(st.success(), "compiling {src}");
+    exe
+}
+
 /// Builds `examples/c/SRC` as the shared library `target/.../test-bins/NAME` with `extra` flags
 /// (given last, so they override the defaults: frame pointers, -O1, no sibling calls).
 pub fn compile_lib(src: &str, name: &str, extra: &[&str]) -> PathBuf {
